@@ -1,0 +1,253 @@
+"""A small psycopg2 connection pool, cooperative under gevent.
+
+This is the one module that knows psycopg2's exception classes: callers ask
+is_conn_failure() instead of inspecting driver errors themselves.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg2
+import psycopg2.errors
+import psycopg2.extensions
+
+log = logging.getLogger("jobs.db")
+
+Params = dict[str, Any] | Sequence[Any] | None
+Row = tuple[Any, ...]
+
+# Server errors after which the server has closed the session anyway:
+# admin_shutdown (pg_terminate_backend), crash_shutdown, cannot_connect_now.
+_SESSION_ENDING = {"57P01", "57P02", "57P03"}
+
+
+class PoolTimeout(Exception):
+    """Every connection stayed checked out for the whole checkout timeout."""
+
+
+def is_conn_failure(exc: BaseException) -> bool:
+    """True when exc says the connection was lost, not that the server refused
+    the statement. Such a statement may be run again on another connection;
+    the caller's own timeout or cancellation is never a reason to."""
+    if not isinstance(exc, psycopg2.Error):
+        return False
+    code = exc.pgcode
+    if code is None:
+        return isinstance(exc, psycopg2.OperationalError | psycopg2.InterfaceError)
+    return code.startswith("08") or code in _SESSION_ENDING
+
+
+def is_unique_violation(exc: BaseException) -> bool:
+    return isinstance(exc, psycopg2.errors.UniqueViolation)
+
+
+def _reusable_after(exc: BaseException) -> bool:
+    """A connection is returned to the pool only after a plain server error
+    (bad SQL, a constraint); after anything else, a timeout or a greenlet kill
+    in the middle of a query included, its state is unknown."""
+    return isinstance(exc, psycopg2.Error) and exc.pgcode is not None and not is_conn_failure(exc)
+
+
+def _cooperate() -> None:
+    """Under gevent's monkey-patching, psycopg2 must yield to the hub while it
+    waits on the server; psycogreen installs that wait callback. Without it a
+    query would block every greenlet of the process."""
+    monkey = sys.modules.get("gevent.monkey")
+    if monkey is None or not monkey.is_module_patched("socket"):
+        return
+    if psycopg2.extensions.get_wait_callback() is None:
+        from psycogreen.gevent import patch_psycopg
+
+        patch_psycopg()
+
+
+@dataclass
+class _Pooled:
+    conn: psycopg2.extensions.connection
+    idle_since: float = field(default_factory=time.monotonic)
+
+
+class _Runner:
+    """exec/query_row/query over whatever connection _cursor() provides."""
+
+    @contextmanager
+    def _cursor(self) -> Iterator[psycopg2.extensions.cursor]:
+        raise NotImplementedError
+        yield
+
+    def exec(self, sql: str, params: Params = None) -> int:
+        """Run a statement; the number of rows it touched."""
+        with self._cursor() as cur:
+            cur.execute(sql, params)
+            return cur.rowcount
+
+    def query_row(self, sql: str, params: Params = None) -> Row | None:
+        with self._cursor() as cur:
+            cur.execute(sql, params)
+            return cur.fetchone()
+
+    def query(self, sql: str, params: Params = None) -> list[Row]:
+        with self._cursor() as cur:
+            cur.execute(sql, params)
+            return cur.fetchall()
+
+
+class Tx(_Runner):
+    """One connection inside an open transaction."""
+
+    def __init__(self, conn: psycopg2.extensions.connection) -> None:
+        self.conn = conn
+
+    @contextmanager
+    def _cursor(self) -> Iterator[psycopg2.extensions.cursor]:
+        with self.conn.cursor() as cur:
+            yield cur
+
+
+class DB(_Runner):
+    """A pool of autocommit connections; each call checks one out and back in."""
+
+    def __init__(
+        self,
+        dsn: str,
+        size: int = 10,
+        *,
+        checkout_timeout: float = 30.0,
+        ping_after: float = 1.0,
+        connect_timeout: int = 5,
+        application_name: str = "jobs",
+    ) -> None:
+        if size < 1:
+            raise ValueError(f"pool size must be at least 1, got {size}")
+        _cooperate()
+        self.dsn = dsn
+        self.size = size
+        self.checkout_timeout = checkout_timeout
+        self.ping_after = ping_after
+        self._connect_kwargs = {
+            "connect_timeout": connect_timeout,
+            "application_name": application_name,
+            # A peer that vanished without a FIN is noticed in seconds, not hours.
+            "keepalives": 1,
+            "keepalives_idle": 15,
+            "keepalives_interval": 5,
+            "keepalives_count": 3,
+        }
+        self._idle: queue.LifoQueue[_Pooled] = queue.LifoQueue()
+        self._slots = threading.Semaphore(size)
+        self._closed = False
+
+    @classmethod
+    def connect(cls, dsn: str, size: int = 10, **options: Any) -> DB:
+        """A pool that has shown it can reach the server."""
+        db = cls(dsn, size, **options)
+        db.query_row("SELECT 1")
+        return db
+
+    def grow(self, n: int) -> None:
+        """Allow n more connections, for a worker that learns its needs late."""
+        self.size += n
+        for _ in range(n):
+            self._slots.release()
+
+    def close(self) -> None:
+        self._closed = True
+        while True:
+            try:
+                self._idle.get_nowait().conn.close()
+            except queue.Empty:
+                return
+
+    def _open(self) -> _Pooled:
+        conn = psycopg2.connect(self.dsn, **self._connect_kwargs)
+        conn.autocommit = True
+        return _Pooled(conn)
+
+    def _alive(self, pooled: _Pooled) -> bool:
+        """Check a connection that sat idle for a while before handing it out; a
+        busy pool hands out connections it used a moment ago and skips the ping."""
+        if pooled.conn.closed:
+            return False
+        if time.monotonic() - pooled.idle_since < self.ping_after:
+            return True
+        try:
+            with pooled.conn.cursor() as cur:
+                cur.execute("SELECT 1")
+            return True
+        except psycopg2.Error:
+            pooled.conn.close()
+            return False
+
+    def _checkout(self) -> _Pooled:
+        if self._closed:
+            raise RuntimeError("the pool is closed")
+        if not self._slots.acquire(timeout=self.checkout_timeout):
+            raise PoolTimeout(f"no connection free within {self.checkout_timeout}s (pool size {self.size})")
+        try:
+            while True:
+                try:
+                    pooled = self._idle.get_nowait()
+                except queue.Empty:
+                    return self._open()
+                if self._alive(pooled):
+                    return pooled
+                log.info("discarded a dead idle connection")
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def _checkin(self, pooled: _Pooled, exc: BaseException | None) -> None:
+        try:
+            if (exc is not None and not _reusable_after(exc)) or self._closed or pooled.conn.closed:
+                pooled.conn.close()
+                return
+            if pooled.conn.info.transaction_status != psycopg2.extensions.TRANSACTION_STATUS_IDLE:
+                pooled.conn.rollback()
+            pooled.conn.autocommit = True
+            pooled.idle_since = time.monotonic()
+            self._idle.put(pooled)
+        except psycopg2.Error:
+            pooled.conn.close()
+        finally:
+            self._slots.release()
+
+    @contextmanager
+    def _checked_out(self) -> Iterator[psycopg2.extensions.connection]:
+        pooled = self._checkout()
+        try:
+            yield pooled.conn
+        except BaseException as exc:
+            self._checkin(pooled, exc)
+            raise
+        self._checkin(pooled, None)
+
+    @contextmanager
+    def _cursor(self) -> Iterator[psycopg2.extensions.cursor]:
+        with self._checked_out() as conn, conn.cursor() as cur:
+            yield cur
+
+    @contextmanager
+    def transaction(self) -> Iterator[Tx]:
+        """One connection in one transaction: committed when the block ends,
+        rolled back when it raises."""
+        with self._checked_out() as conn:
+            # On an exception the check-in rolls back (or discards) the connection.
+            conn.autocommit = False
+            yield Tx(conn)
+            conn.commit()
+
+    @contextmanager
+    def connection(self) -> Iterator[psycopg2.extensions.connection]:
+        """A raw autocommit connection, for code that needs the driver itself
+        (for example lib.insert called with a connection)."""
+        with self._checked_out() as conn:
+            yield conn

@@ -1,0 +1,99 @@
+"""Error reporting through sentry-sdk: silent without SENTRY_DSN.
+
+Only explicit capture() calls send events. Log records never do: a loop that
+logs a failure every cycle must not become eighty events a minute.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any
+
+import sentry_sdk
+from sentry_sdk.integrations.logging import LoggingIntegration
+
+log = logging.getLogger("jobs.errors")
+
+
+def _is_shutdown(exc: BaseException) -> bool:
+    # GreenletExit is how gevent cancels a greenlet at shutdown: never a fault.
+    # Imported here so this module stays importable without gevent.
+    try:
+        from greenlet import GreenletExit
+    except ImportError:  # pragma: no cover - greenlet ships with gevent
+        return False
+    return isinstance(exc, GreenletExit | KeyboardInterrupt | SystemExit)
+
+
+def _drop_shutdown(event: dict[str, Any], hint: dict[str, Any]) -> dict[str, Any] | None:
+    exc_info = hint.get("exc_info")
+    if exc_info and _is_shutdown(exc_info[1]):
+        return None
+    return event
+
+
+def init(dsn: str | None = None, **options: Any) -> bool:
+    """Start reporting when a DSN is given or SENTRY_DSN is set; False otherwise."""
+    dsn = dsn if dsn is not None else os.environ.get("SENTRY_DSN", "")
+    if not dsn and "transport" not in options:
+        return False
+    sentry_sdk.init(
+        dsn=dsn or None,
+        # Job args may hold personal data: never attach frame locals (PII stays off by default).
+        include_local_variables=False,
+        integrations=[LoggingIntegration(level=logging.INFO, event_level=None)],
+        before_send=_drop_shutdown,
+        **options,
+    )
+    return True
+
+
+def capture(exc: BaseException, message: str | None = None, **tags: Any) -> None:
+    """Report exc with tags (queue, job, id, callsite...); never a shutdown."""
+    if _is_shutdown(exc):
+        return
+    with sentry_sdk.new_scope() as scope:
+        for key, value in tags.items():
+            scope.set_tag(key, value)
+        if message:
+            scope.set_context("what", {"message": message})
+        sentry_sdk.capture_exception(exc)
+
+
+class Outage:
+    """One report per run of failures of the same thing.
+
+    A database that nobody can reach fails every cycle on every queue; the first
+    failure of a run is reported, the rest are counted, and the run ends only
+    when the thing succeeds again. Share one Outage between the pollers of a
+    process so an outage of the database is one event, not one per queue.
+    """
+
+    def __init__(self, what: str, *, clock: Any = time.monotonic) -> None:
+        self.what = what
+        self._clock = clock
+        self._failures = 0
+        self._since = 0.0
+
+    @property
+    def failing(self) -> bool:
+        return self._failures > 0
+
+    def failed(self, exc: BaseException, **tags: Any) -> None:
+        if self._failures == 0:
+            self._since = self._clock()
+            log.warning("%s failing: %s", self.what, exc)
+            capture(exc, message=f"{self.what} failing", **tags)
+        self._failures += 1
+
+    def recovered(self) -> None:
+        if self._failures:
+            log.warning(
+                "%s recovered after %d failures over %.1fs",
+                self.what,
+                self._failures,
+                self._clock() - self._since,
+            )
+        self._failures = 0

@@ -1,0 +1,152 @@
+"""Enqueue jobs: the one path by which a single job row is written.
+
+Synchronous programs (a Flask or Django process, a cron script) import this as
+is: it never imports gevent and never monkey-patches. Given a connection, it
+writes inside the caller's open transaction and never commits, so a job is
+accepted exactly when the caller's own work commits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from lib.sql import ROOT, Q
+
+# The payload is a handler's arguments, not a place for documents; a large
+# blob belongs in a table the handler reads. Postgres would take far more, but
+# every claim would then drag it through the worker.
+MAX_ARGS_BYTES = 256 * 1024
+
+
+class InvalidJob(ValueError):
+    """The job was refused before anything was written."""
+
+
+@dataclass(frozen=True)
+class Job:
+    """One job for insert_many."""
+
+    queue: str
+    name: str
+    args: Any = None
+    run_at: datetime | None = None
+    priority: int = 0
+    max_attempts: int | None = None
+
+
+def insert(
+    db: Any,
+    queue: str,
+    name: str,
+    args: Any = None,
+    *,
+    run_at: datetime | None = None,
+    priority: int = 0,
+    max_attempts: int | None = None,
+) -> int | None:
+    """Write one job; its id, or None when a unique (dedupe) index suppressed it.
+
+    db is the project's DB (or a transaction of it), a psycopg2 connection or
+    cursor, or a psycopg 3 connection or cursor. args is a mapping or a
+    dataclass instance; enqueue only the keys you set, since args is part of
+    the dedupe key. max_attempts None means the queue's own setting.
+    """
+    row = _row(Job(queue, name, args, run_at, priority, max_attempts))
+    found = _fetch(db, Q.job_insert, {**row, "callsite": _callsite()}, one=True)
+    return found[0][0] if found else None
+
+
+def insert_many(db: Any, jobs: Iterable[Job]) -> list[int]:
+    """Write many jobs in one statement; the ids of the rows written, in the
+    order given (a suppressed duplicate has no id, so the list may be shorter)."""
+    rows = [_row(job) for job in jobs]
+    if not rows:
+        return []
+    params = {
+        "callsite": _callsite(),
+        "queues": [r["queue"] for r in rows],
+        "names": [r["name"] for r in rows],
+        "args": [r["args"] for r in rows],
+        "run_ats": [r["run_at"] for r in rows],
+        "priorities": [r["priority"] for r in rows],
+        "max_attempts": [r["max_attempts"] for r in rows],
+    }
+    return [r[0] for r in _fetch(db, Q.job_insert_many, params, one=False)]
+
+
+def encode_args(args: Any) -> str:
+    """args as the JSON text stored in the row, or InvalidJob saying why not."""
+    if args is None:
+        args = {}
+    elif dataclasses.is_dataclass(args) and not isinstance(args, type):
+        args = dataclasses.asdict(args)
+    if not isinstance(args, Mapping):
+        raise InvalidJob(f"args must be a mapping or a dataclass instance, not {type(args).__name__}")
+    try:
+        text = json.dumps(dict(args), allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidJob(f"args are not JSON-serialisable: {exc}") from None
+    if "\\u0000" in text:
+        raise InvalidJob("args contain a NUL character, which Postgres cannot store in jsonb")
+    size = len(text.encode())
+    if size > MAX_ARGS_BYTES:
+        raise InvalidJob(f"args are {size} bytes as JSON; the limit is {MAX_ARGS_BYTES}")
+    return text
+
+
+def _row(job: Job) -> dict[str, Any]:
+    for field in ("queue", "name"):
+        value = getattr(job, field)
+        if not isinstance(value, str) or not value.strip() or value != value.strip():
+            raise InvalidJob(f"{field} must be a non-empty string without surrounding spaces, got {value!r}")
+    if isinstance(job.priority, bool) or not isinstance(job.priority, int):
+        raise InvalidJob(f"priority must be an int, got {job.priority!r}")
+    if job.max_attempts is not None and (
+        isinstance(job.max_attempts, bool) or not isinstance(job.max_attempts, int) or job.max_attempts < 1
+    ):
+        raise InvalidJob(f"max_attempts must be a positive int or None, got {job.max_attempts!r}")
+    if job.run_at is not None and (not isinstance(job.run_at, datetime) or job.run_at.tzinfo is None):
+        raise InvalidJob("run_at must be a timezone-aware datetime (a naive one is ambiguous)")
+    return {
+        "queue": job.queue,
+        "name": job.name,
+        "args": encode_args(job.args),
+        "run_at": job.run_at,
+        "priority": job.priority,
+        "max_attempts": job.max_attempts,
+    }
+
+
+def _fetch(db: Any, sql: str, params: dict[str, Any], *, one: bool) -> list[Any]:
+    """Run sql on whichever kind of handle the caller gave."""
+    if hasattr(db, "query_row"):  # the project's DB or Tx
+        if one:
+            row = db.query_row(sql, params)
+            return [row] if row else []
+        return db.query(sql, params)
+    if hasattr(db, "cursor"):  # a psycopg2 or psycopg 3 connection
+        with db.cursor() as cur:
+            cur.execute(sql, params)
+            return cur.fetchall()
+    if hasattr(db, "execute") and hasattr(db, "fetchall"):  # a cursor
+        db.execute(sql, params)
+        return db.fetchall()
+    raise TypeError(f"cannot enqueue through a {type(db).__name__}: pass a DB, a connection or a cursor")
+
+
+def _callsite() -> str:
+    """file:line of the code that called insert, relative to the repo root when
+    it lies inside it, so it reads the same whatever checkout ran it."""
+    frame = sys._getframe(2)
+    path = os.path.abspath(frame.f_code.co_filename)
+    root = str(ROOT) + os.sep
+    if path.startswith(root):
+        path = path[len(root) :]
+    return f"{path}:{frame.f_lineno}"

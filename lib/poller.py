@@ -1,0 +1,294 @@
+"""One queue's poller: claim a job, run it under a timeout, write its outcome,
+then pause for the queue's throttle. One job at a time per slot; a queue has
+`concurrency` slots (default 1), and the database holds every process to that.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import gevent
+import gevent.pool
+from gevent.event import Event
+
+from lib import status as st
+from lib.db import DB, is_conn_failure, is_unique_violation
+from lib.errors import Outage, capture
+from lib.leases import LEASE_SECONDS, WORKER_ID
+from lib.retry import backoff
+from lib.sql import Q
+
+log = logging.getLogger("jobs")
+
+FINALIZE_TIMEOUT = 30.0
+
+# Outcome writes run in greenlets of their own, so that killing a poller at the
+# end of the shutdown window cannot cut a write in half; the worker waits for
+# this group before it exits.
+FINALIZING = gevent.pool.Group()
+
+
+@dataclass(frozen=True)
+class PendingJob:
+    id: int
+    name: str
+    args: dict[str, Any]
+    attempts: int = 1
+    max_attempts: int = 1
+    callsite: str | None = None
+    latency: float = 0.0
+
+
+Handler = Callable[[PendingJob], str]
+# (status, error or None, seconds the job took) -> seconds to pause. Pure.
+Throttle = Callable[[str, BaseException | None, float], float]
+
+
+class JobTimeout(Exception):
+    """The handler ran past the queue's job timeout."""
+
+
+class UnknownJob(Exception):
+    """No handler of this queue has the job's name."""
+
+
+class BadStatus(Exception):
+    """The handler returned something that is not an ok/fail/skip status."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    status: str  # what the job reached, as the log and the throttle see it
+    error: BaseException | None = None
+    retry_in: float | None = None  # seconds until the retry, when one is due
+
+    @property
+    def stored(self) -> str:
+        return st.PENDING if self.retry_in is not None else self.status
+
+
+class Poller:
+    def __init__(
+        self,
+        queue: str,
+        db: DB,
+        dispatch: Mapping[str, Handler],
+        *,
+        throttle: Throttle | None = None,
+        job_timeout: float = 600.0,
+        poll_interval: float = 60.0,
+        concurrency: int = 1,
+        max_attempts: int = 1,
+        outage: Outage | None = None,
+    ) -> None:
+        # A bad configuration fails when the worker starts, not at the first job.
+        if not queue or queue != queue.strip():
+            raise ValueError(f"bad queue name {queue!r}")
+        if not dispatch or not all(callable(h) for h in dispatch.values()):
+            raise ValueError(f"queue {queue}: dispatch must map job names to handlers")
+        if job_timeout <= 0 or poll_interval <= 0:
+            raise ValueError(f"queue {queue}: job_timeout and poll_interval must be positive")
+        if concurrency < 1 or max_attempts < 1:
+            raise ValueError(f"queue {queue}: concurrency and max_attempts must be at least 1")
+        if throttle is not None and not callable(throttle):
+            raise ValueError(f"queue {queue}: throttle must be callable")
+        self.queue = queue
+        self.db = db
+        self.dispatch = dict(dispatch)
+        self.throttle = throttle
+        self.job_timeout = job_timeout
+        self.poll_interval = poll_interval
+        self.concurrency = concurrency
+        self.max_attempts = max_attempts
+        self.outage = outage or Outage(f"queue={queue} fetch")
+        # Set by the worker for the whole process; defaults serve tests.
+        self.worker_id = WORKER_ID
+        self.lease = LEASE_SECONDS
+        self.running: dict[int, PendingJob] = {}
+        self._wakeups = [Event() for _ in range(concurrency)]
+
+    @property
+    def handles(self) -> frozenset[str]:
+        return frozenset(self.dispatch)
+
+    def wake(self) -> None:
+        """Something was enqueued (or the worker is stopping): look now."""
+        for event in self._wakeups:
+            event.set()
+
+    def poll(self, stop: Event) -> None:
+        """Work due jobs in order until stop is set."""
+        if self.concurrency == 1:
+            self._loop(stop, 0)
+            return
+        slots = [gevent.spawn(self._loop, stop, slot) for slot in range(self.concurrency)]
+        try:
+            gevent.joinall(slots, raise_error=True)
+        finally:
+            gevent.killall(slots)
+
+    def _loop(self, stop: Event, slot: int) -> None:
+        wakeup = self._wakeups[slot]
+        retry_wait = 1.0
+        while not stop.is_set():
+            # Cleared before the claim: a wake that lands after it is not lost.
+            wakeup.clear()
+            try:
+                job = self.claim(slot=slot)
+            except Exception as exc:
+                self.outage.failed(exc, queue=self.queue)
+                stop.wait(retry_wait)
+                retry_wait = min(retry_wait * 2, self.poll_interval)
+                continue
+            self.outage.recovered()
+            retry_wait = 1.0
+            if job is None:
+                gevent.wait([stop, wakeup], timeout=self.poll_interval, count=1)
+                continue
+            self.run(job, slot=slot, stop=stop)
+
+    def work_once(self, job: PendingJob | None = None, *, slot: int = 0, stop: Event | None = None) -> str | None:
+        """Claim (the given job, or the queue's next due one), run and finalize it;
+        its status, or None when there was nothing to claim."""
+        claimed = self.claim(job.id if job else None, slot=slot)
+        if claimed is None:
+            return None
+        return self.run(claimed, slot=slot, stop=stop)
+
+    def claim(self, job_id: int | None = None, *, slot: int = 0) -> PendingJob | None:
+        """One conditional statement; None is the ordinary answer when another
+        worker got there first or the queue's slots are all taken."""
+        params = {
+            "queue": self.queue,
+            "id": job_id,
+            "slot": slot,
+            "worker_id": self.worker_id,
+            "lease": self.lease,
+            "max_attempts": self.max_attempts,
+        }
+        try:
+            row = self.db.query_row(Q.job_claim, params)
+        except Exception as exc:
+            if is_unique_violation(exc):
+                return None
+            raise
+        if row is None:
+            return None
+        job_id, name, args, attempts, max_attempts, callsite, latency = row
+        return PendingJob(job_id, name, args, attempts, max_attempts, callsite, latency)
+
+    def run(self, job: PendingJob, *, slot: int = 0, stop: Event | None = None) -> str:
+        """Run a claimed job to its outcome; the status it reached."""
+        self.running[slot] = job
+        start = time.monotonic()
+        outcome: Outcome | None = None
+        try:
+            outcome = self._outcome(job, self._dispatch(job))
+        finally:
+            # Reached with no outcome only when the greenlet itself is killed
+            # (shutdown); the job is written off as interrupted and the kill
+            # goes on up.
+            outcome = outcome or self._interrupted(job)
+            self.running.pop(slot, None)
+            self._finalize(job, outcome)
+            elapsed = time.monotonic() - start
+            log.info(
+                "queue=%s job=%s id=%d status=%r latency=%.2fs duration=%.2fs",
+                self.queue,
+                job.name,
+                job.id,
+                outcome.status if outcome.retry_in is None else f"{outcome.status} (retry in {outcome.retry_in:.0f}s)",
+                job.latency,
+                elapsed,
+            )
+        self._throttle(outcome, elapsed, stop)
+        return outcome.status
+
+    def _dispatch(self, job: PendingJob) -> str | BaseException:
+        """The handler's status, or the exception that stands for its fault."""
+        handler = self.dispatch.get(job.name)
+        if handler is None:
+            return UnknownJob(f"unknown job {job.name!r} for queue {self.queue}")
+        try:
+            with gevent.Timeout(self.job_timeout, JobTimeout(f"timed out after {self.job_timeout:g}s")):
+                result = handler(job)
+        except Exception as exc:
+            return exc
+        if not isinstance(result, str):
+            return BadStatus(f"handler returned {type(result).__name__}, not a status string")
+        try:
+            kind = st.kind(result)
+        except ValueError:
+            return BadStatus(f"handler returned {result!r:.100}, not a status")
+        if kind not in (st.Kind.OK, st.Kind.FAIL, st.Kind.SKIP):
+            # A fault recorded without an exception would reach nobody.
+            return BadStatus(f"handler returned {result!r:.100}; a fault must be raised")
+        return result
+
+    def _outcome(self, job: PendingJob, result: str | BaseException) -> Outcome:
+        if isinstance(result, str):
+            return Outcome(result)
+        capture(result, queue=self.queue, job=job.name, job_id=job.id, callsite=job.callsite)
+        text = st.err(f"{type(result).__name__}: {result}" if str(result) else type(result).__name__)
+        retry_in = backoff(job.attempts) if job.attempts < job.max_attempts else None
+        return Outcome(text, result, retry_in)
+
+    def _interrupted(self, job: PendingJob) -> Outcome:
+        # Like a rescue: another worker takes the job over when attempts remain.
+        return Outcome(st.INTERRUPTED, retry_in=0.0 if job.attempts < job.max_attempts else None)
+
+    def _finalize(self, job: PendingJob, outcome: Outcome) -> None:
+        writer = FINALIZING.spawn(self._write_outcome, job, outcome)
+        writer.join()
+
+    def _write_outcome(self, job: PendingJob, outcome: Outcome) -> None:
+        """One update by primary key. It runs once more on a fresh connection
+        when the connection was lost: the update is safe to repeat whether or
+        not the first one reached the server, and the pool has discarded the
+        connection that failed."""
+        params = {
+            "id": job.id,
+            "worker_id": self.worker_id,
+            "attempts": job.attempts,
+            "status": outcome.stored,
+            "retry_in": outcome.retry_in,
+            "last_error": outcome.status if outcome.error or outcome.status == st.INTERRUPTED else None,
+        }
+        tags = {"queue": self.queue, "job": job.name, "job_id": job.id, "callsite": job.callsite}
+        for attempt in (1, 2):
+            try:
+                with gevent.Timeout(FINALIZE_TIMEOUT):
+                    written = self.db.exec(Q.job_finalize, params)
+            except (Exception, gevent.Timeout) as exc:
+                if attempt == 1 and is_conn_failure(exc):
+                    log.warning("queue=%s id=%d finalize lost its connection, once more: %s", self.queue, job.id, exc)
+                    continue
+                log.error("queue=%s id=%d finalize failed, the row stays started: %s", self.queue, job.id, exc)
+                capture(exc, message="finalize job", **tags)
+                return
+            if not written:
+                # The lease ran out (no heartbeat got through) and another
+                # worker rescued the row; its outcome stands.
+                log.warning(
+                    "queue=%s id=%d was rescued before it finished; outcome %r dropped",
+                    self.queue,
+                    job.id,
+                    outcome.status,
+                )
+            return
+
+    def _throttle(self, outcome: Outcome, elapsed: float, stop: Event | None) -> None:
+        if self.throttle is None:
+            return
+        try:
+            delay = float(self.throttle(outcome.status, outcome.error, elapsed))
+        except Exception as exc:
+            log.error("queue=%s throttle raised, no pause: %s", self.queue, exc)
+            capture(exc, message="throttle", queue=self.queue)
+            return
+        if delay > 0:
+            (stop or Event()).wait(delay)

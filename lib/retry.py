@@ -1,0 +1,28 @@
+"""Backoff between attempts of a failed job: a pure function of the attempt."""
+
+from __future__ import annotations
+
+import random
+
+BASE_SECONDS = 10.0
+CAP_SECONDS = 3600.0
+
+
+def backoff(
+    attempt: int,
+    *,
+    base: float = BASE_SECONDS,
+    cap: float = CAP_SECONDS,
+    rand: float | None = None,
+) -> float:
+    """Seconds to wait after the given (1-based) failed attempt.
+
+    Capped exponential with "equal jitter": half the step is fixed, half is
+    random, so retries of jobs that failed together spread out yet never come
+    back sooner than half the step. rand in [0, 1) may be passed for a test.
+    """
+    if attempt < 1:
+        raise ValueError(f"attempt counts from 1, got {attempt}")
+    step = min(cap, base * 2 ** min(attempt - 1, 32))
+    r = random.random() if rand is None else rand
+    return step / 2 + step / 2 * r

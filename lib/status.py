@@ -1,0 +1,73 @@
+"""The one vocabulary of job statuses: build them here, read them here.
+
+A handler returns ok/fail/skip for an expected outcome and raises for a fault;
+the poller turns the fault into an err: status. Every count of outcomes goes
+through kind(), so an expected answer is never counted as an error.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+PENDING = "pending"
+STARTED = "started"
+INTERRUPTED = "err: interrupted"
+
+# A status is stored in a text column that people read; a runaway exception
+# message should not make it a blob.
+MAX_LEN = 2000
+
+
+class Kind(StrEnum):
+    PENDING = "pending"
+    STARTED = "started"
+    OK = "ok"
+    FAIL = "fail"
+    SKIP = "skip"
+    ERR = "err"
+
+
+def _build(prefix: str, detail: str) -> str:
+    detail = " ".join(str(detail).split())
+    if not detail:
+        raise ValueError(f"a {prefix} status needs a reason")
+    return f"{prefix}: {detail}"[:MAX_LEN]
+
+
+def ok(detail: str | None = None) -> str:
+    return "ok" if detail is None else _build("ok", detail)
+
+
+def fail(reason: str) -> str:
+    """The job ran and reached a negative answer that a retry does not change."""
+    return _build("fail", reason)
+
+
+def skip(reason: str) -> str:
+    """There was nothing to attempt."""
+    return _build("skip", reason)
+
+
+def err(reason: str) -> str:
+    """A fault. Handlers raise instead; the poller builds this from the exception."""
+    return _build("err", reason)
+
+
+def kind(status: str) -> Kind:
+    """The kind of any status string; ValueError for one outside the vocabulary."""
+    if status in (PENDING, STARTED, "ok"):
+        return Kind(status)
+    prefix, sep, detail = status.partition(": ")
+    if sep and detail and prefix in (Kind.OK, Kind.FAIL, Kind.SKIP, Kind.ERR):
+        return Kind(prefix)
+    raise ValueError(f"not a job status: {status!r}")
+
+
+def detail(status: str) -> str:
+    """What follows the prefix ("" for a bare ok, pending or started)."""
+    kind(status)
+    return status.partition(": ")[2]
+
+
+def is_terminal(status: str) -> bool:
+    return kind(status) not in (Kind.PENDING, Kind.STARTED)

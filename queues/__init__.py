@@ -1,0 +1,11 @@
+"""The registry: one constructor per queue. A new queue is one line here."""
+
+from collections.abc import Callable
+
+from lib.db import DB
+from lib.poller import Poller
+from queues import caches
+
+REGISTRY: list[Callable[[DB], Poller]] = [
+    caches.make_worker,
+]

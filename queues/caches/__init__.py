@@ -1,0 +1,28 @@
+"""The caches queue: housekeeping of cache_entries. No external API, so no throttle."""
+
+from __future__ import annotations
+
+from lib import status
+from lib.db import DB
+from lib.poller import PendingJob, Poller
+from lib.sql import Q
+
+BATCH = 1000
+
+
+def age(db: DB, batch: int = BATCH) -> str:
+    """Delete expired entries, a batch at a time."""
+    deleted = 0
+    while True:
+        n = db.exec(Q.cache_delete_expired, {"batch": batch})
+        deleted += n
+        if n < batch:
+            break
+    return status.ok(f"deleted {deleted}") if deleted else status.skip("nothing expired")
+
+
+def make_worker(db: DB) -> Poller:
+    def handle_age(job: PendingJob) -> str:
+        return age(db)
+
+    return Poller("caches", db, {"caches.Age": handle_age})

@@ -1,0 +1,93 @@
+-- Named queries, loaded once by lib/sql.py. Each starts with a "-- name: X"
+-- line and a one-line comment that says what it is for.
+
+-- name: job_insert
+-- Enqueue one job; a unique index (dedupe) may suppress it, and then no id comes back.
+INSERT INTO jobs (queue, name, args, callsite, run_at, priority, max_attempts)
+VALUES (%(queue)s, %(name)s, %(args)s::jsonb, %(callsite)s,
+        coalesce(%(run_at)s::timestamptz, now()), %(priority)s, %(max_attempts)s)
+ON CONFLICT DO NOTHING
+RETURNING id
+
+-- name: job_insert_many
+-- Enqueue a list of jobs in one statement; suppressed duplicates return no id.
+INSERT INTO jobs (queue, name, args, callsite, run_at, priority, max_attempts)
+SELECT queue, name, args::jsonb, %(callsite)s, coalesce(run_at, now()), priority, max_attempts
+FROM unnest(%(queues)s::text[], %(names)s::text[], %(args)s::text[],
+            %(run_ats)s::timestamptz[], %(priorities)s::int[], %(max_attempts)s::int[])
+  WITH ORDINALITY AS j(queue, name, args, run_at, priority, max_attempts, n)
+ORDER BY n
+ON CONFLICT DO NOTHING
+RETURNING id
+
+-- name: job_claim
+-- Move the queue's next due pending row (or the one asked for) to started, in one
+-- statement; the unique (queue, slot) index refuses a claim past the queue's concurrency.
+WITH next AS (
+  SELECT id FROM jobs
+  WHERE queue = %(queue)s AND status = 'pending' AND run_at <= now()
+    AND (%(id)s::bigint IS NULL OR id = %(id)s::bigint)
+  ORDER BY priority DESC, run_at, id
+  LIMIT 1
+  FOR UPDATE SKIP LOCKED
+)
+UPDATE jobs j
+SET status = 'started', started_at = now(), finished_at = NULL,
+    attempts = j.attempts + 1,
+    max_attempts = coalesce(j.max_attempts, %(max_attempts)s),
+    worker_id = %(worker_id)s, slot = %(slot)s,
+    lease_until = now() + make_interval(secs => %(lease)s)
+FROM next
+WHERE j.id = next.id
+RETURNING j.id, j.name, j.args, j.attempts, j.max_attempts, j.callsite,
+          greatest(extract(EPOCH FROM now() - j.run_at), 0)::float8 AS latency
+
+-- name: job_finalize
+-- Write a claimed job's outcome by primary key: terminal, or back to pending for a
+-- retry. Safe to run twice: it matches the row still started by this claim, or
+-- already holding this very outcome.
+UPDATE jobs
+SET status = %(status)s,
+    finished_at = CASE WHEN %(retry_in)s::float8 IS NULL THEN now() END,
+    run_at = CASE WHEN %(retry_in)s::float8 IS NULL THEN run_at
+                  ELSE now() + make_interval(secs => %(retry_in)s::float8) END,
+    last_error = coalesce(%(last_error)s, last_error),
+    lease_until = NULL, slot = NULL
+WHERE id = %(id)s AND worker_id = %(worker_id)s AND attempts = %(attempts)s
+  AND status IN ('started', %(status)s)
+
+-- name: job_heartbeat
+-- Extend the lease of the rows this worker process is running now.
+UPDATE jobs SET lease_until = now() + make_interval(secs => %(lease)s)
+WHERE id = ANY(%(ids)s::bigint[]) AND status = 'started' AND worker_id = %(worker_id)s
+
+-- name: job_rescue
+-- Take back started rows whose worker stopped renewing the lease: to pending when
+-- attempts remain, else interrupted. Rows from before leases existed have no lease
+-- and are taken once older than legacy_age seconds.
+UPDATE jobs
+SET status = CASE WHEN attempts < coalesce(max_attempts, 1) THEN 'pending'
+                  ELSE 'err: interrupted' END,
+    finished_at = CASE WHEN attempts < coalesce(max_attempts, 1) THEN NULL ELSE now() END,
+    run_at = now(),
+    last_error = 'interrupted',
+    lease_until = NULL, slot = NULL
+WHERE status = 'started'
+  AND (lease_until < now()
+       OR (lease_until IS NULL
+           AND (started_at IS NULL
+                OR started_at < now() - make_interval(secs => %(legacy_age)s))))
+RETURNING id, queue, name, status
+
+-- name: migration_applied
+-- The versions already applied.
+SELECT version FROM schema_migrations ORDER BY version
+
+-- name: migration_record
+-- Note one migration as applied, in the transaction that applied it.
+INSERT INTO schema_migrations (version, name) VALUES (%(version)s, %(name)s)
+
+-- name: cache_delete_expired
+-- Delete one batch of expired cache entries; short, so it never holds a long lock.
+DELETE FROM cache_entries
+WHERE key IN (SELECT key FROM cache_entries WHERE expires_at < now() LIMIT %(batch)s)

@@ -1,0 +1,94 @@
+from gevent import monkey
+
+monkey.patch_all()  # before anything imports socket, ssl or threading users
+
+import uuid  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
+from pathlib import Path  # noqa: E402
+from urllib.parse import urlsplit, urlunsplit  # noqa: E402
+
+import psycopg2  # noqa: E402
+import pytest  # noqa: E402
+import sentry_sdk  # noqa: E402
+from sentry_sdk.transport import Transport  # noqa: E402
+
+from lib import embedded, errors  # noqa: E402
+from lib.db import DB  # noqa: E402
+from lib.migrate import migrate  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _with_database(url: str, name: str) -> str:
+    """url pointing at another database of the same server."""
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path="/" + name))
+
+
+@pytest.fixture(scope="session")
+def server_url() -> str:
+    """The server the suite runs on: DATABASE_URL, else the embedded one."""
+    return embedded.database_url(ROOT / ".pgdata" / "test")
+
+
+@pytest.fixture(scope="session")
+def database_url(server_url: str) -> Iterator[str]:
+    """A fresh database for this run, dropped at the end, so runs never meet."""
+    name = f"jobs_test_{uuid.uuid4().hex[:10]}"
+    admin = psycopg2.connect(server_url)
+    admin.autocommit = True
+    with admin.cursor() as cur:
+        cur.execute(f"CREATE DATABASE {name}")
+    url = _with_database(server_url, name)
+    db = DB.connect(url, size=2)
+    migrate(db)
+    db.close()
+    yield url
+    with admin.cursor() as cur:
+        cur.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    admin.close()
+
+
+@pytest.fixture
+def db(database_url: str) -> Iterator[DB]:
+    """A pool on the run's database with empty job tables."""
+    pool = DB.connect(database_url, size=8, application_name="jobs-test")
+    pool.exec("TRUNCATE jobs, cache_entries RESTART IDENTITY")
+    yield pool
+    pool.close()
+
+
+class CapturingTransport(Transport):
+    """A real sentry-sdk transport that keeps envelopes instead of sending them."""
+
+    def __init__(self, options: dict | None = None) -> None:
+        super().__init__(options)
+        self.events: list[dict] = []
+
+    def capture_envelope(self, envelope) -> None:  # type: ignore[no-untyped-def]
+        for item in envelope.items:
+            if item.type == "event":
+                self.events.append(item.payload.json)
+
+
+@pytest.fixture
+def sentry_events() -> Iterator[list[dict]]:
+    transport = CapturingTransport()
+    errors.init("http://public@127.0.0.1:9/1", transport=transport)
+    yield transport.events
+    sentry_sdk.get_client().close()
+    sentry_sdk.init()  # back to no client: later tests send nothing
+
+
+@pytest.fixture
+def empty_database(server_url: str) -> Iterator[str]:
+    """The URL of a new, empty database (no migrations), dropped afterwards."""
+    name = f"jobs_empty_{uuid.uuid4().hex[:10]}"
+    admin = psycopg2.connect(server_url)
+    admin.autocommit = True
+    with admin.cursor() as cur:
+        cur.execute(f"CREATE DATABASE {name}")
+    yield _with_database(server_url, name)
+    with admin.cursor() as cur:
+        cur.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    admin.close()

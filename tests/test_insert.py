@@ -1,0 +1,155 @@
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+import psycopg2
+import pytest
+from tests_support import count_jobs, run_python
+
+from lib.insert import MAX_ARGS_BYTES, InvalidJob, Job, insert, insert_many
+from lib.poller import Poller
+
+
+def test_rolled_back_transaction_leaves_no_job(db, database_url):
+    conn = psycopg2.connect(database_url)
+    with conn.cursor() as cur:
+        cur.execute("INSERT INTO cache_entries VALUES ('k', '1', now())")
+    job_id = insert(conn, "q", "q.Run", {"k": "k"})
+    assert job_id is not None
+    conn.rollback()
+    conn.close()
+    assert count_jobs(db) == 0
+    assert Poller("q", db, {"q.Run": lambda job: "ok"}).work_once() is None
+
+
+def test_committed_transaction_job_is_worked(db, database_url):
+    conn = psycopg2.connect(database_url)
+    job_id = insert(conn, "q", "q.Run", {"k": "k"})
+    # Uncommitted: invisible to the worker.
+    assert Poller("q", db, {"q.Run": lambda job: "ok"}).work_once() is None
+    conn.commit()
+    conn.close()
+    seen = []
+    assert Poller("q", db, {"q.Run": lambda job: seen.append(job.id) or "ok"}).work_once() == "ok"
+    assert seen == [job_id]
+
+
+def test_insert_inside_the_projects_own_transaction(db):
+    with pytest.raises(RuntimeError), db.transaction() as tx:
+        insert(tx, "q", "q.Run")
+        raise RuntimeError
+    assert count_jobs(db) == 0
+    with db.transaction() as tx:
+        insert(tx, "q", "q.Run")
+    assert count_jobs(db) == 1
+
+
+_PLAIN = """
+import sys
+from lib.insert import insert
+assert "gevent" not in sys.modules and "psycogreen" not in sys.modules, sorted(sys.modules)
+import socket
+assert socket.socket.__module__ == "socket", "socket was patched"
+{connect}
+ids = [insert(conn, "q", "q.Plain", {{"n": 1}}), insert(conn, "q", "q.Plain", {{"n": 2}})]
+conn.rollback()
+ids = [insert(conn, "q", "q.Plain", {{"n": 3}})]
+conn.commit()
+assert "gevent" not in sys.modules
+print(ids[0])
+"""
+
+
+@pytest.mark.parametrize(
+    "connect",
+    [
+        "import psycopg2; conn = psycopg2.connect({url!r})",
+        "import psycopg; conn = psycopg.connect({url!r})",
+    ],
+    ids=["psycopg2", "psycopg3"],
+)
+def test_plain_synchronous_process_enqueues(db, database_url, connect):
+    done = run_python(_PLAIN.format(connect=connect.format(url=database_url)))
+    assert done.returncode == 0, done.stderr
+    job_id = int(done.stdout)
+    rows = db.query("SELECT id, name, args, status FROM jobs")
+    assert rows == [(job_id, "q.Plain", {"n": 3}, "pending")]  # the rolled-back two are gone
+    assert Poller("q", db, {"q.Plain": lambda job: "ok"}).work_once() == "ok"
+
+
+def test_callsite_is_relative_to_the_repo_root(db):
+    job_id = insert(db, "q", "q.X")
+    (callsite,) = db.query_row("SELECT callsite FROM jobs WHERE id = %s", (job_id,))
+    assert callsite.startswith("tests/test_insert.py:")
+
+
+def test_dataclass_args_and_defaults(db):
+    @dataclass
+    class Args:
+        login: str
+        force: bool = False
+
+    when = datetime.now(UTC) + timedelta(hours=1)
+    job_id = insert(db, "q", "q.X", Args("ada"), run_at=when, priority=5, max_attempts=3)
+    row = db.query_row("SELECT args, run_at, priority, max_attempts, attempts FROM jobs WHERE id = %s", (job_id,))
+    assert row == ({"login": "ada", "force": False}, when, 5, 3, 0)
+
+
+@pytest.mark.parametrize(
+    ("queue", "name", "args", "kw", "says"),
+    [
+        ("", "q.X", None, {}, "queue"),
+        ("q", " ", None, {}, "name"),
+        ("q ", "q.X", None, {}, "queue"),
+        ("q", "q.X", {"s": {1, 2}}, {}, "JSON-serialisable"),
+        ("q", "q.X", {"f": float("nan")}, {}, "JSON-serialisable"),
+        ("q", "q.X", [1, 2], {}, "mapping"),
+        ("q", "q.X", {"s": "a\x00b"}, {}, "NUL"),
+        ("q", "q.X", {"s": "x" * MAX_ARGS_BYTES}, {}, "limit"),
+        ("q", "q.X", None, {"run_at": datetime(2030, 1, 1)}, "timezone"),
+        ("q", "q.X", None, {"max_attempts": 0}, "max_attempts"),
+        ("q", "q.X", None, {"priority": "high"}, "priority"),
+    ],
+)
+def test_bad_input_is_refused_before_anything_is_written(db, queue, name, args, kw, says):
+    with pytest.raises(InvalidJob, match=says):
+        insert(db, queue, name, args, **kw)
+    assert count_jobs(db) == 0
+
+
+def test_args_just_under_the_limit_are_taken(db):
+    filler = "x" * (MAX_ARGS_BYTES - len(json.dumps({"s": ""}, separators=(",", ":"))))
+    assert insert(db, "q", "q.X", {"s": filler}) is not None
+
+
+def test_insert_many_in_one_statement(db, database_url):
+    later = datetime.now(UTC) + timedelta(minutes=5)
+    jobs = [Job("q", "q.A", {"i": 1}), Job("q", "q.B", {"i": 2}, run_at=later, priority=2), Job("r", "r.C")]
+    conn = psycopg2.connect(database_url)
+    ids = insert_many(conn, jobs)
+    conn.commit()
+    conn.close()
+    assert ids == sorted(ids) and len(ids) == 3
+    rows = db.query("SELECT id, queue, name, args, priority, run_at = %s, callsite FROM jobs ORDER BY id", (later,))
+    assert [r[1:5] for r in rows] == [("q", "q.A", {"i": 1}, 0), ("q", "q.B", {"i": 2}, 2), ("r", "r.C", {}, 0)]
+    assert [r[5] for r in rows] == [False, True, False]
+    assert all(r[6].startswith("tests/test_insert.py:") for r in rows)
+    assert insert_many(db, []) == []
+
+
+def test_insert_many_with_psycopg3(db, database_url):
+    import psycopg
+
+    with psycopg.connect(database_url) as conn:
+        ids = insert_many(conn, [Job("q", "q.A"), Job("q", "q.B", {"x": [1, 2]}, max_attempts=2)])
+    assert len(ids) == 2
+    assert db.query("SELECT name, args, max_attempts FROM jobs ORDER BY id") == [
+        ("q.A", {}, None),
+        ("q.B", {"x": [1, 2]}, 2),
+    ]
+
+
+def test_insert_many_refuses_a_bad_job_and_writes_none(db):
+    with pytest.raises(InvalidJob):
+        insert_many(db, [Job("q", "q.A"), Job("q", "")])
+    assert count_jobs(db) == 0

@@ -1,0 +1,61 @@
+import logging
+
+import gevent
+from gevent.event import Event
+from proxy import Proxy
+from tests_support import count_jobs
+
+from lib.db import DB
+from lib.errors import Outage
+from lib.insert import insert
+from lib.poller import Poller
+
+
+def test_unreachable_database_is_one_event_for_the_whole_outage(database_url, db, sentry_events, caplog):
+    """Three pollers behind a proxy that goes down for a while: they keep
+    failing, one event is sent, and they work again when it comes back."""
+    proxy = Proxy(database_url)
+    pool = DB.connect(proxy.url, size=4, checkout_timeout=2)
+    outage = Outage("fetch pending jobs")
+    done = []
+    pollers = [
+        Poller(q, pool, {f"{q}.N": lambda job: done.append(job.id) or "ok"}, poll_interval=0.1, outage=outage)
+        for q in ("a", "b", "c")
+    ]
+    stop = Event()
+    greenlets = [gevent.spawn(p.poll, stop) for p in pollers]
+    try:
+        gevent.sleep(0.2)
+        proxy.down()
+        with caplog.at_level(logging.WARNING):
+            gevent.sleep(2.0)  # every poller fails several cycles
+            assert outage.failing
+            assert outage._failures >= 6
+            proxy.up()
+            for q in ("a", "b", "c"):
+                insert(db, q, f"{q}.N")
+            with gevent.Timeout(15):
+                while len(done) < 3:
+                    gevent.sleep(0.05)
+        assert not outage.failing
+    finally:
+        stop.set()
+        for p in pollers:
+            p.wake()
+        gevent.joinall(greenlets, timeout=10)
+        proxy.close()
+        pool.close()
+    assert len(sentry_events) == 1
+    assert "fetch pending jobs failing" in repr(sentry_events[0])
+    assert any("recovered after" in r.getMessage() for r in caplog.records)
+    assert count_jobs(db, "status = 'ok'") == 3
+
+
+def test_two_outages_are_two_events(sentry_events):
+    outage = Outage("fetch")
+    for _ in range(5):
+        outage.failed(OSError("down"))
+    outage.recovered()
+    outage.failed(OSError("down again"))
+    outage.recovered()
+    assert len(sentry_events) == 2

@@ -1,0 +1,316 @@
+import itertools
+import logging
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+import gevent
+import pytest
+from gevent.event import Event
+from tests_support import count_jobs
+
+from lib import status as st
+from lib.args import ArgsError, unmarshal_args
+from lib.db import DB
+from lib.insert import insert
+from lib.leases import Leases
+from lib.poller import Poller
+
+
+def _poll_until(poller: Poller, done, timeout: float = 20) -> None:
+    """Run poller.poll in a greenlet until done() holds."""
+    stop = Event()
+    g = gevent.spawn(poller.poll, stop)
+    try:
+        with gevent.Timeout(timeout):
+            while not done():
+                gevent.sleep(0.02)
+    finally:
+        stop.set()
+        poller.wake()
+        g.get(timeout=10)
+
+
+def test_fifo_within_a_queue(db):
+    order = []
+    poller = Poller("q", db, {"q.N": lambda job: order.append(job.args["n"]) or "ok"}, poll_interval=0.1)
+    for n in range(30):
+        insert(db, "q", "q.N", {"n": n})
+    insert(db, "other", "other.N", {"n": -1})  # another queue's row is not this poller's
+    _poll_until(poller, lambda: len(order) == 30)
+    assert order == list(range(30))
+    assert count_jobs(db, "queue = 'other' AND status = 'pending'") == 1
+
+
+def test_priority_then_due_time_then_id(db):
+    order = []
+    poller = Poller("q", db, {"q.N": lambda job: order.append(job.args["n"]) or "ok"})
+    now = datetime.now(UTC)
+    insert(db, "q", "q.N", {"n": "late"}, run_at=now - timedelta(seconds=1))
+    insert(db, "q", "q.N", {"n": "early"}, run_at=now - timedelta(seconds=5))
+    insert(db, "q", "q.N", {"n": "urgent"}, priority=10)
+    insert(db, "q", "q.N", {"n": "future"}, run_at=now + timedelta(hours=1), priority=99)
+    while poller.work_once():
+        pass
+    assert order == ["urgent", "early", "late"]
+    assert count_jobs(db, "status = 'pending'") == 1  # not due yet
+
+
+def test_never_two_started_jobs_of_one_queue(db):
+    """Three pollers of one queue in one process race for it; the database's
+    slot index lets one job run at a time."""
+    intervals = []
+
+    def handler(job):
+        (started,) = db.query_row("SELECT count(*) FROM jobs WHERE queue = 'q' AND status = 'started'")
+        begin = gevent.get_hub().loop.now()
+        gevent.sleep(0.02)
+        intervals.append((begin, gevent.get_hub().loop.now(), started))
+        return "ok"
+
+    pollers = [Poller("q", db, {"q.N": handler}, poll_interval=0.05) for _ in range(3)]
+    for n in range(15):
+        insert(db, "q", "q.N", {"n": n})
+    stop = Event()
+    greenlets = [gevent.spawn(p.poll, stop) for p in pollers]
+    with gevent.Timeout(20):
+        while count_jobs(db, "status = 'ok'") < 15:
+            gevent.sleep(0.02)
+    stop.set()
+    for p in pollers:
+        p.wake()
+    gevent.joinall(greenlets, raise_error=True)
+    assert len(intervals) == 15
+    assert all(started == 1 for _, _, started in intervals)
+    spans = sorted(intervals)
+    assert all(a_end <= b_begin for (_, a_end, _), (b_begin, _, _) in itertools.pairwise(spans))
+
+
+def test_claim_refused_while_the_queues_slot_is_taken(db):
+    first = Poller("q", db, {"q.N": lambda job: "ok"})
+    other = Poller("q", db, {"q.N": lambda job: "ok"})
+    a, b = insert(db, "q", "q.N"), insert(db, "q", "q.N")
+    assert first.claim().id == a
+    assert other.claim() is None  # slot 0 of q is taken
+    assert count_jobs(db, f"id = {b} AND status = 'pending'") == 1
+
+
+def test_concurrency_two_runs_two_at_once(db):
+    peak = []
+    live = set()
+
+    def handler(job):
+        live.add(job.id)
+        peak.append(len(live))
+        gevent.sleep(0.05)
+        live.discard(job.id)
+        return "ok"
+
+    poller = Poller("q", db, {"q.N": handler}, concurrency=2, poll_interval=0.05)
+    for _ in range(10):
+        insert(db, "q", "q.N")
+    _poll_until(poller, lambda: count_jobs(db, "status = 'ok'") == 10)
+    assert max(peak) == 2
+
+
+def test_handler_that_raises_is_an_err_status_and_one_report(db, sentry_events):
+    def boom(job):
+        raise ValueError("the vendor said no")
+
+    poller = Poller("q", db, {"q.Boom": boom})
+    secret = uuid.uuid4().hex  # made at run time, so the source shown in a stack frame cannot hold it
+    job_id = insert(db, "q", "q.Boom", {"secret": secret})
+    assert poller.work_once() == "err: ValueError: the vendor said no"
+    row = db.query_row("SELECT status, last_error, finished_at IS NOT NULL FROM jobs WHERE id = %s", (job_id,))
+    assert row == ("err: ValueError: the vendor said no", "err: ValueError: the vendor said no", True)
+    assert len(sentry_events) == 1
+    tags = sentry_events[0]["tags"]
+    assert tags["queue"] == "q" and tags["job"] == "q.Boom" and str(tags["job_id"]) == str(job_id)
+    assert tags["callsite"].startswith("tests/test_poller.py:")
+    assert secret not in repr(sentry_events[0])
+
+
+def test_handler_that_hangs_is_timed_out(db, sentry_events):
+    poller = Poller("q", db, {"q.Hang": lambda job: gevent.sleep(60) or "ok"}, job_timeout=0.2)
+    job_id = insert(db, "q", "q.Hang")
+    with gevent.Timeout(10):
+        result = poller.work_once()
+    assert result == "err: JobTimeout: timed out after 0.2s"
+    assert db.query_row("SELECT status FROM jobs WHERE id = %s", (job_id,)) == (result,)
+    assert len(sentry_events) == 1
+
+
+@pytest.mark.parametrize(
+    ("returned", "expected"),
+    [
+        (42, "err: BadStatus: handler returned int, not a status string"),
+        (None, "err: BadStatus: handler returned NoneType, not a status string"),
+        ("done", "err: BadStatus: handler returned 'done', not a status"),
+        ("err: quietly", "err: BadStatus: handler returned 'err: quietly'; a fault must be raised"),
+    ],
+)
+def test_handler_that_returns_a_bad_value(db, sentry_events, returned, expected):
+    poller = Poller("q", db, {"q.Bad": lambda job: returned})
+    insert(db, "q", "q.Bad")
+    assert poller.work_once() == expected
+    assert len(sentry_events) == 1
+
+
+def test_unknown_job_and_bad_args_are_errors_that_harm_nothing_else(db):
+    @dataclass
+    class Args:
+        login: str
+
+    def handler(job):
+        return st.ok(unmarshal_args(Args, job.args).login)
+
+    poller = Poller("q", db, {"q.Known": handler})
+    insert(db, "q", "q.Unknown")
+    insert(db, "q", "q.Known", {"login": 7})
+    insert(db, "q", "q.Known", {"login": "ada"})
+    assert poller.work_once() == "err: UnknownJob: unknown job 'q.Unknown' for queue q"
+    assert poller.work_once() == "err: ArgsError: Args: field 'login' should be str, got int 7"
+    assert poller.work_once() == "ok: ada"
+
+
+def test_unmarshal_args_names_the_field():
+    @dataclass
+    class Args:
+        id: int
+        tags: list[str]
+        note: str | None = None
+
+    assert unmarshal_args(Args, {"id": 1, "tags": [], "extra": True}) == Args(1, [])
+    assert unmarshal_args(Args, '{"id": 1, "tags": ["a"], "note": null}') == Args(1, ["a"])
+    with pytest.raises(ArgsError, match="missing field 'tags'"):
+        unmarshal_args(Args, {"id": 1})
+    with pytest.raises(ArgsError, match="field 'id' should be int, got bool"):
+        unmarshal_args(Args, {"id": True, "tags": []})
+    with pytest.raises(ArgsError, match="not valid JSON"):
+        unmarshal_args(Args, "{")
+    with pytest.raises(ArgsError, match="JSON object"):
+        unmarshal_args(Args, "[1]")
+
+
+def test_a_failed_job_with_attempts_left_is_retried_later(db):
+    calls = []
+
+    def flaky(job):
+        calls.append(job.attempts)
+        raise RuntimeError(f"attempt {job.attempts}")
+
+    poller = Poller("q", db, {"q.Flaky": flaky}, max_attempts=2)
+    job_id = insert(db, "q", "q.Flaky")
+    assert poller.work_once() == "err: RuntimeError: attempt 1"
+    row = db.query_row(
+        "SELECT status, attempts, max_attempts, last_error, run_at > now() + interval '4 seconds' FROM jobs WHERE id = %s",
+        (job_id,),
+    )
+    assert row == ("pending", 1, 2, "err: RuntimeError: attempt 1", True)
+    assert poller.work_once() is None  # not due yet
+    db.exec("UPDATE jobs SET run_at = now() WHERE id = %s", (job_id,))
+    assert poller.work_once() == "err: RuntimeError: attempt 2"
+    assert db.query_row("SELECT status, attempts FROM jobs WHERE id = %s", (job_id,)) == (
+        "err: RuntimeError: attempt 2",
+        2,
+    )
+    assert calls == [1, 2]
+
+
+def test_finalize_survives_its_connection_being_killed(database_url, db, caplog):
+    """The handler kills the pool's connections mid-job (the claim's connection
+    is idle in the pool); the finalize finds its connection dead, runs once more
+    on a fresh one, and the outcome is written."""
+    pool = DB.connect(database_url, size=2, ping_after=3600, application_name="jobs-victim")
+
+    def handler(job):
+        killed = db.query(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'jobs-victim'"
+        )
+        assert killed, "no connection to kill"
+        gevent.sleep(0.1)
+        return st.ok("survived")
+
+    poller = Poller("q", pool, {"q.N": handler})
+    job_id = insert(db, "q", "q.N")
+    with caplog.at_level(logging.WARNING, logger="jobs"):
+        assert poller.work_once() == "ok: survived"
+    assert db.query_row("SELECT status FROM jobs WHERE id = %s", (job_id,)) == ("ok: survived",)
+    assert any("finalize lost its connection, once more" in r.getMessage() for r in caplog.records)
+    pool.close()
+
+
+def test_finalize_that_fails_twice_leaves_the_row_to_the_rescue(db, sentry_events):
+    poller = Poller("q", db, {"q.N": lambda job: "ok"})
+    job_id = insert(db, "q", "q.N")
+    job = poller.claim()
+    # Another worker rescued the row while this one was cut off: the outcome is dropped, not forced.
+    db.exec("UPDATE jobs SET status = 'err: interrupted', worker_id = 'someone-else' WHERE id = %s", (job_id,))
+    assert poller.run(job) == "ok"
+    assert db.query_row("SELECT status FROM jobs WHERE id = %s", (job_id,)) == ("err: interrupted",)
+
+
+def test_rescue_takes_expired_leases_only(db):
+    poller = Poller("q", db, {"q.N": lambda job: "ok"})
+    live, dead, retry = insert(db, "q", "q.N"), insert(db, "r", "r.N"), insert(db, "s", "s.N", max_attempts=3)
+    for queue in ("q", "r", "s"):
+        Poller(queue, db, {f"{queue}.N": lambda job: "ok"}).claim()
+    db.exec("UPDATE jobs SET lease_until = now() - interval '1 second' WHERE id IN (%s, %s)", (dead, retry))
+    rescued = Leases(db, list).rescue()
+    assert sorted((r[0], r[3]) for r in rescued) == [(dead, "err: interrupted"), (retry, "pending")]
+    rows = dict(db.query("SELECT id, status FROM jobs"))
+    assert rows == {live: "started", dead: "err: interrupted", retry: "pending"}
+    assert poller.running == {}
+
+
+def test_heartbeat_renews_only_running_jobs(db):
+    poller = Poller("q", db, {"q.N": lambda job: "ok"})
+    insert(db, "q", "q.N")
+    job = poller.claim()
+    db.exec("UPDATE jobs SET lease_until = now() + interval '1 second'")
+    leases = Leases(db, lambda: [job.id], lease=120)
+    assert leases.heartbeat() == 1
+    assert db.query_row("SELECT lease_until > now() + interval '100 seconds' FROM jobs") == (True,)
+    assert Leases(db, list).heartbeat() == 0
+
+
+def test_throttle_gets_the_outcome_and_pauses_the_queue(db):
+    seen = []
+
+    def throttle(status, error, elapsed):
+        seen.append((status, type(error).__name__ if error else None, elapsed >= 0))
+        return 0.3
+
+    def handler(job):
+        if job.args.get("fail"):
+            raise KeyError("x")
+        return "ok"
+
+    poller = Poller("q", db, {"q.N": handler}, throttle=throttle)
+    insert(db, "q", "q.N")
+    insert(db, "q", "q.N", {"fail": True})
+    started = gevent.get_hub().loop.now()
+    poller.work_once()
+    poller.work_once()
+    assert seen == [("ok", None, True), ("err: KeyError: 'x'", "KeyError", True)]
+    # Two pauses of 0.3 s happened (a generous lower bound, no upper one).
+    assert gevent.get_hub().loop.now() - started >= 0.5
+
+
+def test_a_throttle_that_raises_does_not_stop_the_queue(db, sentry_events):
+    poller = Poller("q", db, {"q.N": lambda job: "ok"}, throttle=lambda s, e, t: 1 / 0)
+    insert(db, "q", "q.N")
+    insert(db, "q", "q.N")
+    assert poller.work_once() == "ok" and poller.work_once() == "ok"
+    assert len(sentry_events) == 2
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"job_timeout": 0}, {"poll_interval": -1}, {"concurrency": 0}, {"max_attempts": 0}, {"throttle": 5}],
+)
+def test_bad_configuration_fails_at_construction(db, kwargs):
+    with pytest.raises(ValueError):
+        Poller("q", db, {"q.N": lambda job: "ok"}, **kwargs)
+    with pytest.raises(ValueError):
+        Poller("q", db, {})

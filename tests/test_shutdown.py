@@ -1,0 +1,69 @@
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from lib.insert import insert
+
+APP = Path(__file__).parent / "apps" / "probe_worker.py"
+
+
+@pytest.fixture
+def probe_db(db):
+    db.exec("DROP TABLE IF EXISTS probe_runs")
+    db.exec("CREATE TABLE probe_runs (job_id bigint, event text, at timestamptz DEFAULT clock_timestamp())")
+    return db
+
+
+def start_worker(database_url: str, *args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, str(APP), *args],
+        env={**os.environ, "DATABASE_URL": database_url, "LOG_LEVEL": "INFO"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def wait_for(predicate, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out waiting")
+        time.sleep(0.05)
+
+
+def test_sigterm_lets_the_running_job_finish(probe_db, database_url):
+    job_id = insert(probe_db, "probe", "probe.Sleep", {"seconds": 1.5})
+    later = insert(probe_db, "probe", "probe.Sleep", {"seconds": 0})
+    proc = start_worker(database_url, "--shutdown-window", "20")
+    try:
+        wait_for(lambda: probe_db.query("SELECT 1 FROM probe_runs WHERE job_id = %s", (job_id,)))
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, out
+    assert probe_db.query_row("SELECT status FROM jobs WHERE id = %s", (job_id,)) == ("ok",)
+    # It stopped claiming: the next job was left for the next worker.
+    assert probe_db.query_row("SELECT status FROM jobs WHERE id = %s", (later,)) == ("pending",)
+    assert "stopping: no new claims; 1 running jobs" in out
+
+
+def test_sigterm_past_the_window_interrupts_the_job(probe_db, database_url):
+    job_id = insert(probe_db, "probe", "probe.Sleep", {"seconds": 60})
+    proc = start_worker(database_url, "--shutdown-window", "0.5")
+    try:
+        wait_for(lambda: probe_db.query("SELECT 1 FROM probe_runs WHERE job_id = %s", (job_id,)))
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, out
+    row = probe_db.query_row("SELECT status, finished_at IS NOT NULL, lease_until FROM jobs WHERE id = %s", (job_id,))
+    assert row == ("err: interrupted", True, None)
+    assert "interrupting 1 running jobs" in out

@@ -1,0 +1,114 @@
+from gevent import monkey
+
+monkey.patch_all()  # first: every later import must see the cooperative stdlib
+
+import argparse  # noqa: E402
+import logging  # noqa: E402
+import os  # noqa: E402
+import signal  # noqa: E402
+import sys  # noqa: E402
+from collections.abc import Callable, Sequence  # noqa: E402
+
+import gevent  # noqa: E402
+from gevent.event import Event  # noqa: E402
+
+from lib import embedded, errors  # noqa: E402
+from lib.db import DB  # noqa: E402
+from lib.errors import Outage  # noqa: E402
+from lib.leases import Leases  # noqa: E402
+from lib.migrate import migrate  # noqa: E402
+from lib.poller import FINALIZING, Poller  # noqa: E402
+
+log = logging.getLogger("jobs.worker")
+
+Registry = Sequence[Callable[[DB], Poller]]
+
+# Connections beyond one per poller slot: the lease keeper, the clock, and a
+# handler's own queries while its slot's connection is busy.
+POOL_BUFFER = 4
+SHUTDOWN_WINDOW = float(os.environ.get("JOBS_SHUTDOWN_WINDOW", "30"))
+RESTART_DELAY = 5.0
+
+
+def main(registry: Registry, argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Run the jobs worker.")
+    parser.add_argument("command", nargs="?", default="run", choices=["run", "migrate"])
+    parser.add_argument(
+        "--shutdown-window",
+        type=float,
+        default=SHUTDOWN_WINDOW,
+        help="seconds running jobs get to finish after SIGTERM (default %(default)s)",
+    )
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=os.environ.get("LOG_LEVEL", "INFO"),
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    errors.init()
+    url = embedded.database_url()
+    db = DB.connect(url, size=len(registry) + POOL_BUFFER)
+    try:
+        migrate(db)
+        if args.command == "migrate":
+            return 0
+        return run(db, registry, shutdown_window=args.shutdown_window)
+    finally:
+        db.close()
+
+
+def run(db: DB, registry: Registry, *, shutdown_window: float = SHUTDOWN_WINDOW, stop: Event | None = None) -> int:
+    """One greenlet per poller until SIGTERM/SIGINT (or stop); then stop
+    claiming, give running jobs the shutdown window, and write off the rest."""
+    stop = stop or Event()
+    outage = Outage("fetch pending jobs")
+    pollers = [make(db) for make in registry]
+    for poller in pollers:
+        # One report for an outage of the database, not one per queue.
+        poller.outage = outage
+    slots = sum(p.concurrency for p in pollers)
+    if slots > len(pollers):
+        db.grow(slots - len(pollers))
+    leases = Leases(
+        db,
+        lambda: [job.id for p in pollers for job in p.running.values()],
+        legacy_age=max((p.job_timeout for p in pollers), default=600.0) + 60,
+    )
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        gevent.signal_handler(signum, stop.set)
+
+    keeper = gevent.spawn(leases.run, stop)
+    greenlets = [gevent.spawn(_supervise, p, stop) for p in pollers]
+    log.info("worker %s running %d queues: %s", leases.worker_id, len(pollers), ", ".join(p.queue for p in pollers))
+    stop.wait()
+
+    running = sum(len(p.running) for p in pollers)
+    log.info("stopping: no new claims; %d running jobs get up to %gs", running, shutdown_window)
+    for poller in pollers:
+        poller.wake()
+    gevent.joinall(greenlets, timeout=shutdown_window)
+    left = [g for g in greenlets if not g.dead]
+    if left:
+        log.warning("shutdown window closed; interrupting %d running jobs", len(left))
+        gevent.killall(left, timeout=10)
+    FINALIZING.join(timeout=30)
+    keeper.kill()
+    log.info("stopped")
+    return 0
+
+
+def _supervise(poller: Poller, stop: Event) -> None:
+    """A poller that dies of a bug is reported and started again, so one bad
+    queue never takes the worker down."""
+    while not stop.is_set():
+        try:
+            poller.poll(stop)
+        except Exception as exc:
+            log.exception("queue=%s poller crashed; restarting in %gs", poller.queue, RESTART_DELAY)
+            errors.capture(exc, message="poller crashed", queue=poller.queue)
+            stop.wait(RESTART_DELAY)
+
+
+if __name__ == "__main__":
+    from queues import REGISTRY
+
+    sys.exit(main(REGISTRY))
