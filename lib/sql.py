@@ -1,4 +1,4 @@
-"""The named queries of sql/queries.sql, loaded once.
+"""The named queries of sql/*.sql, loaded once.
 
 Plain stdlib on purpose: lib.insert imports this from synchronous programs that
 must not pull in gevent or the pool.
@@ -38,4 +38,15 @@ class _Queries:
         return set(self.__dict__)
 
 
-Q = _Queries(parse((SQL_DIR / "queries.sql").read_text()))
+def load(folder: Path = SQL_DIR) -> dict[str, str]:
+    """Every named query of every sql/*.sql file; a name defined twice is an error."""
+    queries: dict[str, str] = {}
+    for path in sorted(folder.glob("*.sql")):
+        for name, sql in parse(path.read_text()).items():
+            if name in queries:
+                raise ValueError(f"query {name!r} is defined twice ({path.name})")
+            queries[name] = sql
+    return queries
+
+
+Q = _Queries(load())

@@ -1,4 +1,4 @@
--- Named queries, loaded once by lib/sql.py. Each starts with a "-- name: X"
+-- Named queries on the jobs table, loaded once by lib/sql.py. Each starts with a "-- name: X"
 -- line and a one-line comment that says what it is for.
 
 -- name: job_insert
@@ -86,8 +86,3 @@ SELECT version FROM schema_migrations ORDER BY version
 -- name: migration_record
 -- Note one migration as applied, in the transaction that applied it.
 INSERT INTO schema_migrations (version, name) VALUES (%(version)s, %(name)s)
-
--- name: cache_delete_expired
--- Delete one batch of expired cache entries; short, so it never holds a long lock.
-DELETE FROM cache_entries
-WHERE key IN (SELECT key FROM cache_entries WHERE expires_at < now() LIMIT %(batch)s)

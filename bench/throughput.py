@@ -1,0 +1,511 @@
+"""Throughput of no-op jobs against the server's own single-client commit rate.
+
+Run from the project root:  .venv/bin/python bench/throughput.py [--jobs N] [--queues 40]
+
+Three measurements on a fresh database of one server (DATABASE_URL, else the
+embedded one in .pgdata/bench):
+  1. the commit rate: pgbench, one client, one single-row autocommit UPDATE per
+     transaction, connecting the way our pool does;
+  2. no-op jobs per second through one queue (one Poller);
+  3. the same number of jobs spread over --queues queues, all polling at once
+     over one shared pool.
+The target: one queue sustains at least a third of the commit rate (a job costs
+two commits, a claim and a finalize, plus the worker's own work).
+"""
+
+# ruff: noqa: E402  (monkey-patching must come before every other import)
+from gevent import monkey
+
+monkey.patch_all()
+
+import argparse
+import cProfile
+import io
+import json
+import logging
+import os
+import platform
+import pstats
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import gevent
+import psycopg2
+import psycopg2.extensions
+from gevent.event import Event
+
+ROOT = Path(__file__).resolve().parent.parent
+# Run as a script, sys.path[0] is bench/; lib/ lives at the project root.
+sys.path.insert(0, str(ROOT))
+
+from lib import embedded
+from lib.db import DB
+from lib.insert import Job, insert_many
+from lib.migrate import migrate
+from lib.poller import PendingJob, Poller
+
+DATA_DIR = ROOT / ".pgdata" / "bench"
+RESULTS_DIR = ROOT / "bench" / "results"
+TARGET_RATIO = 1 / 3
+JOB_NAME = "q.Noop"
+# Connections beyond one per poller, as worker.py sizes its pool.
+POOL_BUFFER = 4
+# Every job is enqueued before timing starts, so a poller only waits once its
+# queue has drained, and setting stop wakes it from that wait.
+POLL_INTERVAL = 5.0
+# A phase that stalls (a bug, a lock) is reported as incomplete, not waited on forever.
+PHASE_TIMEOUT = 600.0
+# Auto-sized runs aim at this many seconds per phase at the target rate.
+AUTO_SECONDS = 10.0
+INSERT_CHUNK = 10_000
+
+log = logging.getLogger("bench")
+
+
+# ---------------------------------------------------------------- the server
+
+
+@dataclass
+class Server:
+    url: str  # the server's own URL (its default database)
+    source: str  # "DATABASE_URL" or "embedded"
+    version: str = ""
+    settings: dict[str, str] = field(default_factory=dict)
+
+
+def get_server() -> Server:
+    source = "DATABASE_URL" if os.environ.get("DATABASE_URL") else "embedded"
+    return Server(embedded.database_url(DATA_DIR), source)
+
+
+def with_database(url: str, name: str) -> str:
+    """url pointing at another database of the same server."""
+    if "://" not in url:  # a keyword DSN: a later dbname wins
+        return f"{url} dbname={name}"
+    return urlunsplit(urlsplit(url)._replace(path="/" + name))
+
+
+def redact(url: str) -> str:
+    """url without its password, for the printed and stored results."""
+    parts = urlsplit(url)
+    if "://" not in url or not parts.password:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def admin_connect(url: str) -> psycopg2.extensions.connection:
+    conn = psycopg2.connect(url, application_name="jobs-bench")
+    conn.autocommit = True
+    return conn
+
+
+def describe(admin: psycopg2.extensions.connection, server: Server) -> None:
+    """The server's version and the settings that decide what a commit costs."""
+    with admin.cursor() as cur:
+        cur.execute("SHOW server_version")
+        server.version = cur.fetchone()[0]
+        for name in ("synchronous_commit", "fsync", "wal_sync_method", "ssl"):
+            cur.execute(f"SHOW {name}")
+            server.settings[name] = cur.fetchone()[0]
+
+
+def create_database(admin: psycopg2.extensions.connection) -> str:
+    name = f"jobs_bench_{uuid.uuid4().hex[:10]}"
+    with admin.cursor() as cur:
+        cur.execute(f"CREATE DATABASE {name}")
+    return name
+
+
+def drop_database(admin: psycopg2.extensions.connection, name: str) -> None:
+    with admin.cursor() as cur:
+        cur.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+# ---------------------------------------------------------------- commit rate
+
+COMMIT_TABLE = "bench_commit"
+COMMIT_SCRIPT = f"UPDATE {COMMIT_TABLE} SET n = n + 1 WHERE id = 1;\n"
+_TPS = re.compile(r"^tps = ([\d.]+) \((?:without initial connection time|excluding connections establishing)\)", re.M)
+
+
+@dataclass
+class CommitRate:
+    tps: float
+    seconds: int
+    pgbench: str  # the binary that ran
+    version: str
+
+
+def pgbench_binary() -> str:
+    import pgserver  # the bundled one first: it is there whenever the embedded server is
+
+    bundled = Path(pgserver.__file__).parent / "pginstall" / "bin" / "pgbench"
+    if bundled.exists():
+        return str(bundled)
+    found = shutil.which("pgbench")
+    if found is None:
+        raise SystemExit("no pgbench: neither pgserver's nor one on PATH")
+    return found
+
+
+def pgbench_connection(url: str) -> tuple[list[str], dict[str, str]]:
+    """pgbench's connection arguments and environment for url: the same host
+    (or socket folder), port, user and database our pool reaches."""
+    dsn = psycopg2.extensions.parse_dsn(url)
+    args: list[str] = []
+    for key, flag in (("host", "-h"), ("port", "-p"), ("user", "-U")):
+        if dsn.get(key):
+            args += [flag, dsn[key]]
+    env = {**os.environ}
+    # Settings pgbench has no flag for go through libpq's environment.
+    for key, var in (("password", "PGPASSWORD"), ("sslmode", "PGSSLMODE"), ("options", "PGOPTIONS")):
+        if dsn.get(key):
+            env[var] = dsn[key]
+    ignored = set(dsn) - {"host", "port", "user", "dbname", "password", "sslmode", "options"}
+    if ignored:
+        log.warning("pgbench ignores these connection settings of the URL: %s", ", ".join(sorted(ignored)))
+    return [*args, dsn.get("dbname", "postgres")], env
+
+
+def measure_commit_rate(url: str, seconds: int) -> CommitRate:
+    """tps of one client committing one small single-row UPDATE at a time,
+    as our claim and finalize each commit one statement."""
+    with admin_connect(url) as conn, conn.cursor() as cur:
+        cur.execute(f"CREATE TABLE {COMMIT_TABLE} (id int PRIMARY KEY, n bigint NOT NULL)")
+        cur.execute(f"INSERT INTO {COMMIT_TABLE} VALUES (1, 0)")
+    conn.close()
+    binary = pgbench_binary()
+    version = subprocess.run([binary, "--version"], capture_output=True, text=True, check=True).stdout.strip()
+    conn_args, env = pgbench_connection(url)
+    with tempfile.NamedTemporaryFile("w", suffix=".sql") as script:
+        script.write(COMMIT_SCRIPT)
+        script.flush()
+        command = [binary, "-c", "1", "-j", "1", "-T", str(seconds), "-n", "-f", script.name, *conn_args]
+        done = subprocess.run(command, capture_output=True, text=True, env=env)
+    match = _TPS.search(done.stdout)
+    if done.returncode != 0 or match is None:
+        raise SystemExit(f"pgbench failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
+    return CommitRate(float(match.group(1)), seconds, binary, version)
+
+
+# ---------------------------------------------------------------- jobs
+
+
+@dataclass
+class Phase:
+    queues: int
+    jobs: int
+    done: int = 0
+    seconds: float = 0.0
+    jobs_per_s: float = 0.0
+    ratio: float = 0.0  # jobs/s over the commit rate
+    statuses: dict[str, int] = field(default_factory=dict)
+    # Where a job's time goes. Server transactions are every statement our
+    # pool committed (autocommit: one statement, one transaction), pings included.
+    server_xacts_per_job: float | None = None
+    client_cpu_ms_per_job: float = 0.0
+    server_cpu_ms_per_job: float | None = None  # the pool's backends only; local servers
+    wall_ms_per_job: float = 0.0
+    complete: bool = False
+    error: str | None = None
+
+
+class Countdown:
+    """Counts handler calls and fires at the last job, so the clock stops
+    without a monitor polling the table (and adding statements of its own)."""
+
+    def __init__(self, target: int) -> None:
+        self.target = target
+        self.count = 0
+        self.done = Event()
+
+    def noop(self, job: PendingJob) -> str:
+        self.count += 1
+        if self.count >= self.target:
+            self.done.set()
+        return "ok"
+
+
+def queue_names(count: int) -> list[str]:
+    return ["q00"] if count == 1 else [f"q{i:02d}" for i in range(count)]
+
+
+def enqueue(url: str, queues: list[str], total: int) -> None:
+    """A fresh jobs table holding total pending no-op jobs, round robin over
+    queues, with planner statistics as autovacuum would leave them."""
+    setup = DB.connect(url, size=1, application_name="jobs-bench-setup")
+    try:
+        setup.exec("TRUNCATE jobs RESTART IDENTITY")
+        jobs = [Job(queues[i % len(queues)], JOB_NAME, {"i": i}) for i in range(total)]
+        for start in range(0, total, INSERT_CHUNK):
+            insert_many(setup, jobs[start : start + INSERT_CHUNK])
+        # VACUUM also sets the visibility map; a live table would be in that state.
+        setup.exec("VACUUM ANALYZE jobs")
+    finally:
+        setup.close()
+
+
+def warm(db: DB) -> None:
+    """Open every connection of the pool before the clock starts: the statements
+    overlap, so each checkout finds the others busy and opens its own."""
+    gevent.joinall([gevent.spawn(db.exec, "SELECT pg_sleep(0.05)") for _ in range(db.size)], raise_error=True)
+
+
+class ServerMeter:
+    """Transactions committed in the bench database and CPU time of the pool's
+    backends, read from the admin connection (on another database, so its own
+    statements do not count)."""
+
+    def __init__(self, admin: psycopg2.extensions.connection, dbname: str) -> None:
+        self.admin = admin
+        self.dbname = dbname
+        self.ticks = os.sysconf("SC_CLK_TCK")
+
+    def _one(self, sql: str) -> Any:
+        with self.admin.cursor() as cur:
+            cur.execute(sql, {"db": self.dbname})
+            return cur.fetchone()[0]
+
+    def backends(self) -> list[int]:
+        with self.admin.cursor() as cur:
+            cur.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = %(db)s AND backend_type = 'client backend'",
+                {"db": self.dbname},
+            )
+            return [row[0] for row in cur.fetchall()]
+
+    def xacts(self) -> int:
+        """Committed and rolled back transactions of the database. Backends
+        flush these counters when they exit, so read this with no backend left."""
+        deadline = time.monotonic() + 10
+        while self.backends() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return int(self._one("SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = %(db)s"))
+
+    def cpu_seconds(self, pids: list[int]) -> float | None:
+        """utime + stime of the given postgres processes, when they are on this
+        machine and visible here (not for a remote or containerised server)."""
+        total = 0
+        for pid in pids:
+            try:
+                if Path(f"/proc/{pid}/comm").read_text().strip() != "postgres":
+                    return None
+                fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+            except OSError:
+                return None
+            total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15 of stat)
+        return total / self.ticks
+
+
+def run_phase(url: str, meter: ServerMeter, queues: list[str], total: int, profile: bool) -> Phase:
+    phase = Phase(len(queues), total)
+    enqueue(url, queues, total)
+    xacts_before = meter.xacts()
+    db = DB.connect(url, size=len(queues) + POOL_BUFFER, application_name="jobs-bench")
+    try:
+        warm(db)
+        pids = meter.backends()
+        countdown = Countdown(total)
+        pollers = [Poller(q, db, {JOB_NAME: countdown.noop}, poll_interval=POLL_INTERVAL) for q in queues]
+        server_cpu_before = meter.cpu_seconds(pids)
+        profiler = cProfile.Profile() if profile else None
+        stop = Event()
+
+        cpu_before, started = time.process_time(), time.perf_counter()
+        if profiler:
+            profiler.enable()
+        greenlets = [gevent.spawn(p.poll, stop) for p in pollers]
+        # A poller that dies stops the wait too, instead of leaving it to the timeout.
+        crashed = Event()
+        for g in greenlets:
+            g.link_exception(lambda _g: crashed.set())
+        gevent.wait([countdown.done, crashed], timeout=PHASE_TIMEOUT, count=1)
+        stop.set()
+        # Joined before the clock stops: the last job's finalize is part of the run.
+        gevent.joinall(greenlets, timeout=60)
+        elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu_before
+        if profiler:
+            profiler.disable()
+        server_cpu_after = meter.cpu_seconds(pids)
+
+        phase.done = countdown.count
+        phase.seconds = elapsed
+        phase.jobs_per_s = countdown.count / elapsed
+        phase.wall_ms_per_job = 1000 * elapsed / max(countdown.count, 1)
+        phase.client_cpu_ms_per_job = 1000 * cpu / max(countdown.count, 1)
+        if server_cpu_before is not None and server_cpu_after is not None:
+            phase.server_cpu_ms_per_job = 1000 * (server_cpu_after - server_cpu_before) / max(countdown.count, 1)
+        failures = [g.exception for g in greenlets if g.exception is not None]
+        if failures:
+            phase.error = f"{type(failures[0]).__name__}: {failures[0]}"
+        phase.statuses = dict(db.query("SELECT status, count(*) FROM jobs GROUP BY status ORDER BY status"))
+        phase.complete = phase.statuses == {"ok": total} and not failures
+        if profiler:
+            print_profile(profiler, len(queues))
+    finally:
+        db.close()
+    # Less the pool's own setup: DB.connect's SELECT 1, warm()'s statements, the status count.
+    setup_xacts = 1 + db.size + 1
+    phase.server_xacts_per_job = (meter.xacts() - xacts_before - setup_xacts) / max(phase.done, 1)
+    return phase
+
+
+def print_profile(profiler: cProfile.Profile, queues: int) -> None:
+    out = io.StringIO()
+    stats = pstats.Stats(profiler, stream=out)
+    stats.sort_stats("tottime").print_stats(25)
+    print(f"\n--- cProfile, {queues} queue(s), by own time (greenlet switches blur cumulative times)")
+    print(out.getvalue())
+
+
+# ---------------------------------------------------------------- report
+
+
+def auto_jobs(commit_tps: float, queues: int) -> int:
+    """About AUTO_SECONDS of work at the target rate, a multiple of the queue count."""
+    jobs = int(commit_tps * TARGET_RATIO * AUTO_SECONDS)
+    jobs = min(max(jobs, 1000), 50_000)
+    return -(-jobs // queues) * queues
+
+
+def report(server: Server, rate: CommitRate, phases: list[Phase], jobs: int) -> dict[str, Any]:
+    one = phases[0]
+    return {
+        "timestamp": datetime.now(UTC).isoformat(timespec="seconds"),
+        "server": {
+            "source": server.source,
+            "url": redact(server.url),
+            "version": server.version,
+            **server.settings,
+        },
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        "commit_rate": asdict(rate),
+        "jobs": jobs,
+        "phases": [asdict(p) for p in phases],
+        "target": {
+            "ratio": TARGET_RATIO,
+            "jobs_per_s": rate.tps * TARGET_RATIO,
+            "met": one.complete and one.ratio >= TARGET_RATIO,
+        },
+    }
+
+
+def _ms(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
+def print_table(result: dict[str, Any]) -> None:
+    server, rate = result["server"], result["commit_rate"]
+    print()
+    print(f"server       PostgreSQL {server['version']} ({server['source']}: {server['url']})")
+    print(
+        f"settings     synchronous_commit={server['synchronous_commit']} fsync={server['fsync']}"
+        f" wal_sync_method={server['wal_sync_method']} ssl={server['ssl']}"
+    )
+    print(f"pgbench      {rate['version']}, -c 1 -j 1 -T {rate['seconds']}, one single-row UPDATE per commit")
+    print()
+    print(f"{'measure':<22}{'rate/s':>10}{'× commit':>10}{'ms/job':>9}{'client cpu':>12}{'server cpu':>12}{'xacts/job':>11}")
+    print(f"{'commit rate (tx)':<22}{rate['tps']:>10.0f}{1:>10.2f}{1000 / rate['tps']:>9.3f}")
+    for p in result["phases"]:
+        label = "1 queue (jobs)" if p["queues"] == 1 else f"{p['queues']} queues (jobs)"
+        xacts = "n/a" if p["server_xacts_per_job"] is None else f"{p['server_xacts_per_job']:.2f}"
+        print(
+            f"{label:<22}{p['jobs_per_s']:>10.0f}{p['ratio']:>10.2f}{p['wall_ms_per_job']:>9.3f}"
+            f"{_ms(p['client_cpu_ms_per_job']):>12}{_ms(p['server_cpu_ms_per_job']):>12}{xacts:>11}"
+        )
+        if not p["complete"]:
+            print(f"  INCOMPLETE: {p['done']}/{p['jobs']} jobs ran, statuses {p['statuses']}, error {p['error']}")
+    print("(cpu columns: ms per job of this Python process, and of the pool's server backends)")
+    target = result["target"]
+    verdict = "MET" if target["met"] else "NOT MET"
+    print(
+        f"\ntarget: one queue >= 1/3 of the commit rate ({target['jobs_per_s']:.0f} jobs/s): {verdict}"
+        f" (measured {result['phases'][0]['jobs_per_s']:.0f} jobs/s, ratio {result['phases'][0]['ratio']:.2f})"
+    )
+
+
+def save(result: dict[str, Any]) -> Path:
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    path = RESULTS_DIR / f"throughput-{stamp}.json"
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    return path
+
+
+# ---------------------------------------------------------------- main
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--jobs", type=int, default=0, help="jobs per phase (default: about 10 s at the target rate)")
+    parser.add_argument("--pgbench-seconds", type=int, default=10, help="pgbench duration (default %(default)s)")
+    parser.add_argument("--queues", type=int, default=40, help="queues of the many-queue phase (default %(default)s)")
+    parser.add_argument("--profile", action="store_true", help="print a cProfile of each phase")
+    parser.add_argument(
+        "--log-jobs",
+        action="store_true",
+        help="log one INFO line per job (to /dev/null), as the worker does at its default LOG_LEVEL",
+    )
+    args = parser.parse_args(argv)
+    if args.jobs < 0 or args.pgbench_seconds < 1 or args.queues < 1:
+        parser.error("--jobs must be >= 0, --pgbench-seconds and --queues >= 1")
+    return args
+
+
+def setup_logging(log_jobs: bool) -> None:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s %(message)s")
+    if log_jobs:
+        # The worker's per-job line costs formatting and a write; measure it without flooding the terminal.
+        jobs_log = logging.getLogger("jobs")
+        jobs_log.setLevel(logging.INFO)
+        jobs_log.addHandler(logging.FileHandler(os.devnull))
+        jobs_log.propagate = False
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    setup_logging(args.log_jobs)
+    server = get_server()
+    admin = admin_connect(server.url)
+    describe(admin, server)
+    name = create_database(admin)
+    print(f"PostgreSQL {server.version} ({server.source}), bench database {name}", flush=True)
+    try:
+        url = with_database(server.url, name)
+        migrator = DB.connect(url, size=1)
+        migrate(migrator)
+        migrator.close()
+
+        print(f"pgbench: {args.pgbench_seconds} s of single-row commits ...", flush=True)
+        rate = measure_commit_rate(url, args.pgbench_seconds)
+        jobs = args.jobs or auto_jobs(rate.tps, args.queues)
+        meter = ServerMeter(admin, name)
+        phases = []
+        for count in (1, args.queues):
+            print(f"{jobs} no-op jobs through {count} queue(s) ...", flush=True)
+            phase = run_phase(url, meter, queue_names(count), jobs, args.profile)
+            phase.ratio = phase.jobs_per_s / rate.tps
+            phases.append(phase)
+    finally:
+        drop_database(admin, name)
+        admin.close()
+    result = report(server, rate, phases, jobs)
+    result["log_jobs"] = args.log_jobs
+    print_table(result)
+    print(f"\nsaved {save(result).relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,264 @@
+"""Shared plumbing for the third-party HTTP API clients.
+
+Each client turns the statuses it does not handle into one of the typed errors
+below, so job code can decide retry/stop/fail without knowing the API:
+
+- ``AuthError``: the credential was rejected; retrying will not help.
+- ``RateLimitError``: slow down; ``reset_at`` says when, if the API said.
+- ``ServerError``: the API failed; usually worth retrying later.
+- ``APIError``: anything else (bad request, forbidden resource, ...).
+
+Network failures (connection refused, DNS, timeouts) are NOT wrapped: they
+propagate as ``requests.RequestException`` subclasses
+(``requests.ConnectionError``, ``requests.Timeout``), because no response
+exists to classify and they say nothing about the credential.
+
+Nothing here is gevent-specific: once gevent has monkey-patched the socket
+module, ``requests`` yields to the hub on I/O by itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime, timedelta
+from email.utils import parsedate_to_datetime
+from typing import Any, ClassVar
+
+import requests
+
+log = logging.getLogger(__name__)
+
+MESSAGE_LIMIT = 200
+REDACTED = "[redacted]"
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+class NotConfigured(Exception):
+    """The credential for a client is missing; the message names the env var."""
+
+
+class APIError(Exception):
+    """The API answered with an error the caller should not blindly retry."""
+
+    def __init__(self, status: int, method: str, path: str, message: str, *, reset_at: datetime | None = None) -> None:
+        self.status = status
+        self.method = method
+        self.path = path
+        self.message = message
+        # When the API said to come back (rate limits, overload); None otherwise.
+        self.reset_at = reset_at
+        super().__init__(f"{method} {path} -> {status}: {message}")
+
+
+class NotFoundError(APIError):
+    """404: the resource does not exist (or is hidden from this credential)."""
+
+
+class AuthError(APIError):
+    """The credential was rejected (invalid, revoked, expired)."""
+
+
+class RateLimitError(APIError):
+    """Rate limited; ``reset_at`` is when to try again (UTC), if known."""
+
+
+class ServerError(APIError):
+    """The API failed on its side (5xx)."""
+
+
+class OverloadedError(ServerError):
+    """The API is overloaded for everyone (Anthropic's 529), not a quota of ours.
+
+    A ServerError rather than a RateLimitError because slowing down our own
+    traffic does not fix it; ``reset_at`` is set only if retry-after was sent.
+    """
+
+
+def parse_retry_after(value: str | None, now: datetime) -> datetime | None:
+    """Absolute UTC moment from a Retry-After value (delta-seconds or HTTP-date)."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        seconds = float(value)
+    except ValueError:
+        pass
+    else:
+        return now + timedelta(seconds=max(seconds, 0.0))
+    try:
+        moment = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.astimezone(UTC)
+
+
+def parse_epoch(value: str | None) -> datetime | None:
+    """Absolute UTC moment from a header holding UTC epoch seconds."""
+    if not value:
+        return None
+    try:
+        return datetime.fromtimestamp(float(value), UTC)
+    except (ValueError, OverflowError, OSError):
+        return None
+
+
+def parse_rfc3339(value: str | None) -> datetime | None:
+    """Absolute UTC moment from an RFC 3339 timestamp such as 2030-01-02T03:04:05Z."""
+    if not value:
+        return None
+    try:
+        moment = datetime.fromisoformat(value.strip())
+    except ValueError:
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.astimezone(UTC)
+
+
+def extract_message(body: Any, text: str) -> str:
+    """The API's own error message if the body carries one, else a body excerpt.
+
+    Covers the shapes used by the APIs here: {"message": ...} (GitHub),
+    {"error": "code"} (Slack, Apollo), {"error": {"message": ...}} (Anthropic).
+    """
+    if isinstance(body, Mapping):
+        error = body.get("error")
+        if isinstance(error, Mapping) and isinstance(error.get("message"), str):
+            return error["message"][:MESSAGE_LIMIT]
+        for key in ("message", "error"):
+            if isinstance(body.get(key), str) and body[key]:
+                return body[key][:MESSAGE_LIMIT]
+    excerpt = " ".join(text.split())
+    return excerpt[:MESSAGE_LIMIT] or "(empty body)"
+
+
+class APIClient:
+    """Base for one API: credential from argument or env, one Session, typed errors.
+
+    Subclasses set TOKEN_ENV, BASE_URL and BASE_URL_ENV, add their headers in
+    ``_headers`` and map their API's error signals in ``_classify``.
+    """
+
+    TOKEN_ENV: ClassVar[str]
+    BASE_URL: ClassVar[str]
+    BASE_URL_ENV: ClassVar[str]
+    USER_AGENT: ClassVar[str] = "jobs-worker"
+    # requests only strips the Authorization header when a redirect leaves the
+    # host, so a key sent in a custom header (x-api-key) would follow a
+    # redirect anywhere. Clients opt in only when their auth is Authorization.
+    FOLLOW_REDIRECTS: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        token: str | None = None,
+        *,
+        base_url: str | None = None,
+        timeout: tuple[float, float] = (5.0, 30.0),
+        session: requests.Session | None = None,
+        now: Callable[[], datetime] = utc_now,
+    ) -> None:
+        token = (token or os.environ.get(self.TOKEN_ENV, "")).strip()
+        if not token:
+            raise NotConfigured(f"{self.TOKEN_ENV} is not set")
+        self._token = token
+        base = base_url or os.environ.get(self.BASE_URL_ENV, "").strip() or self.BASE_URL
+        self.base_url = base.rstrip("/")
+        self.timeout = timeout
+        self._owns_session = session is None
+        self.session = session if session is not None else requests.Session()
+        self._now = now
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(base_url={self.base_url!r})"
+
+    def close(self) -> None:
+        """Release pooled connections; a session passed in belongs to the caller."""
+        if self._owns_session:
+            self.session.close()
+
+    def _headers(self) -> dict[str, str]:
+        """Per-request headers, credential included.
+
+        Kept off ``session.headers`` so a session shared between clients never
+        carries one API's credential to another.
+        """
+        return {"User-Agent": self.USER_AGENT}
+
+    def _on_response(self, response: requests.Response) -> None:
+        """Hook to record per-response state (e.g. remaining quota); no-op here."""
+
+    def _classify(self, response: requests.Response, body: Any, method: str, path: str) -> APIError | None:
+        """The error this response represents, or None if it is a success.
+
+        Generic HTTP semantics; subclasses override with their API's signals
+        and fall back to this.
+        """
+        status = response.status_code
+        if 200 <= status < 300:
+            return None
+        message = self._message(body, response)
+        if status == 401:
+            return AuthError(status, method, path, message)
+        if status == 404:
+            return NotFoundError(status, method, path, message)
+        if status == 429:
+            reset_at = parse_retry_after(response.headers.get("retry-after"), self._now())
+            return RateLimitError(status, method, path, message, reset_at=reset_at)
+        if status >= 500:
+            return ServerError(status, method, path, message)
+        return APIError(status, method, path, message)
+
+    def _message(self, body: Any, response: requests.Response) -> str:
+        # An API could echo the credential back (e.g. "invalid key sk-..."):
+        # scrub it so it cannot reach logs through str(error).
+        return extract_message(body, response.text).replace(self._token, REDACTED)
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: Mapping[str, str] | None = None,
+    ) -> Any:
+        """Send one request and return the decoded JSON body, or raise APIError.
+
+        ``path`` is appended to the base URL; query values belong in ``params``.
+        """
+        url = self.base_url + path
+        # Errors and logs name the path only: a query string may carry data
+        # that has no business in logs.
+        path = path.split("?", 1)[0]
+        response = self.session.request(
+            method,
+            url,
+            json=json,
+            params=params,
+            headers=self._headers(),
+            timeout=self.timeout,
+            allow_redirects=self.FOLLOW_REDIRECTS,
+        )
+        log.debug("%s %s -> %s", method, path, response.status_code)
+        self._on_response(response)
+        try:
+            body = response.json() if response.content else None
+        except ValueError:
+            body = None
+        error = self._classify(response, body, method, path)
+        if error is not None:
+            raise error
+        if body is None:
+            raise APIError(
+                response.status_code,
+                method,
+                path,
+                "expected a JSON body, got: " + self._message(None, response),
+            )
+        return body

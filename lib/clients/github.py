@@ -1,0 +1,84 @@
+"""GitHub REST API client (api.github.com, API version 2022-11-28)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any, ClassVar
+from urllib.parse import quote
+
+import requests
+
+from lib.clients.base import (
+    APIClient,
+    APIError,
+    RateLimitError,
+    parse_epoch,
+    parse_retry_after,
+)
+
+# GitHub's advice when a secondary limit comes without retry-after or
+# x-ratelimit-remaining: 0 is to wait at least a minute.
+SECONDARY_LIMIT_WAIT = timedelta(minutes=1)
+
+
+class GitHubClient(APIClient):
+    """GitHub REST API.
+
+    Rate limits arrive as 403 or 429; they are told apart from a forbidden
+    resource by ``x-ratelimit-remaining: 0``, ``retry-after`` or a message
+    mentioning the rate limit. A rejected token is 401 (``AuthError``); a
+    plain 403 means the token is valid but may not do this (``APIError``).
+    """
+
+    TOKEN_ENV = "GITHUB_TOKEN"
+    BASE_URL = "https://api.github.com"
+    BASE_URL_ENV = "GITHUB_BASE_URL"
+    API_VERSION: ClassVar[str] = "2022-11-28"
+    # GitHub redirects renamed repositories; requests drops Authorization if
+    # the redirect leaves the host, so following is safe here.
+    FOLLOW_REDIRECTS = True
+
+    # Primary-limit state from the last response, for a throttle to read.
+    rate_remaining: int | None = None
+    rate_reset_at: datetime | None = None
+
+    def get_repo(self, owner: str, repo: str) -> dict[str, Any]:
+        return self._request("GET", f"/repos/{quote(owner, safe='')}/{quote(repo, safe='')}")
+
+    def get_user(self, login: str) -> dict[str, Any]:
+        return self._request("GET", f"/users/{quote(login, safe='')}")
+
+    def _headers(self) -> dict[str, str]:
+        return {
+            **super()._headers(),
+            "Authorization": f"Bearer {self._token}",
+            "Accept": "application/vnd.github+json",
+            "X-GitHub-Api-Version": self.API_VERSION,
+        }
+
+    def _on_response(self, response: requests.Response) -> None:
+        remaining = response.headers.get("x-ratelimit-remaining")
+        if remaining is not None and remaining.strip().isdigit():
+            self.rate_remaining = int(remaining)
+        reset_at = parse_epoch(response.headers.get("x-ratelimit-reset"))
+        if reset_at is not None:
+            self.rate_reset_at = reset_at
+
+    def _classify(self, response: requests.Response, body: Any, method: str, path: str) -> APIError | None:
+        status = response.status_code
+        if status in (403, 429):
+            headers = response.headers
+            message = self._message(body, response)
+            retry_after = headers.get("retry-after")
+            exhausted = headers.get("x-ratelimit-remaining", "").strip() == "0"
+            if status == 429 or retry_after or exhausted or "rate limit" in message.lower():
+                now = self._now()
+                # Order follows GitHub's guidance: retry-after first, then the
+                # primary window's reset, else at least one minute.
+                reset_at = parse_retry_after(retry_after, now)
+                if reset_at is None and exhausted:
+                    reset_at = parse_epoch(headers.get("x-ratelimit-reset"))
+                if reset_at is None:
+                    reset_at = now + SECONDARY_LIMIT_WAIT
+                return RateLimitError(status, method, path, message, reset_at=reset_at)
+        return super()._classify(response, body, method, path)

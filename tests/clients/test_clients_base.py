@@ -1,0 +1,296 @@
+"""Behaviour shared by every client: config, secrecy, errors, transport."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+import requests
+
+from lib.clients import (
+    AnthropicClient,
+    APIError,
+    ApolloClient,
+    AuthError,
+    GitHubClient,
+    NotConfigured,
+    NotFoundError,
+    RateLimitError,
+    ServerError,
+    SlackClient,
+)
+from lib.clients.base import (
+    extract_message,
+    parse_epoch,
+    parse_retry_after,
+    parse_rfc3339,
+)
+
+# One representative call per client, with the path the fake API should see.
+CALLS: list[tuple[type[Any], Callable[[Any], Any], str]] = [
+    (GitHubClient, lambda c: c.get_user("octocat"), "/users/octocat"),
+    (SlackClient, lambda c: c.post_message("C1", "hi"), "/chat.postMessage"),
+    (
+        AnthropicClient,
+        lambda c: c.create_message(model="m", max_tokens=1, messages=[]),
+        "/v1/messages",
+    ),
+    (
+        ApolloClient,
+        lambda c: c.enrich_organization("apollo.io"),
+        "/organizations/enrich",
+    ),
+]
+SUCCESS_BODY = {"ok": True, "id": 1}
+IDS = [cls.__name__ for cls, _, _ in CALLS]
+
+
+# --- header parsing --------------------------------------------------------
+
+
+def test_retry_after_seconds_is_relative_to_now(now: datetime) -> None:
+    assert parse_retry_after("120", now) == now + timedelta(seconds=120)
+    assert parse_retry_after(" 0 ", now) == now
+
+
+def test_retry_after_http_date_is_absolute(now: datetime) -> None:
+    moment = parse_retry_after("Wed, 02 Jan 2030 03:10:00 GMT", now)
+    assert moment == datetime(2030, 1, 2, 3, 10, 0, tzinfo=UTC)
+
+
+@pytest.mark.parametrize("value", [None, "", "soon", "12abc"])
+def test_retry_after_unusable_is_none(value: str | None, now: datetime) -> None:
+    assert parse_retry_after(value, now) is None
+
+
+def test_epoch_and_rfc3339_parse_to_aware_utc() -> None:
+    assert parse_epoch("1893553200") == datetime(2030, 1, 2, 3, 0, tzinfo=UTC)
+    assert parse_epoch("x") is None
+    assert parse_rfc3339("2030-01-02T03:05:00Z") == datetime(2030, 1, 2, 3, 5, tzinfo=UTC)
+    assert parse_rfc3339("2030-01-02T04:05:00+01:00") == datetime(2030, 1, 2, 3, 5, tzinfo=UTC)
+    assert parse_rfc3339("not a time") is None
+
+
+def test_extract_message_prefers_api_message_and_truncates() -> None:
+    assert extract_message({"message": "Not Found"}, "") == "Not Found"
+    assert extract_message({"ok": False, "error": "channel_not_found"}, "") == "channel_not_found"
+    assert extract_message({"type": "error", "error": {"message": "bad key"}}, "") == "bad key"
+    assert extract_message(None, "<html>\n  <b>Bad   Gateway</b></html>") == ("<html> <b>Bad Gateway</b></html>")
+    assert len(extract_message(None, "x" * 5000)) == 200
+    assert extract_message(None, "") == "(empty body)"
+
+
+def test_api_error_str_and_attributes() -> None:
+    error = APIError(404, "GET", "/repos/a/b", "Not Found")
+    assert str(error) == "GET /repos/a/b -> 404: Not Found"
+    assert (error.status, error.method, error.path, error.message) == (
+        404,
+        "GET",
+        "/repos/a/b",
+        "Not Found",
+    )
+
+
+# --- configuration -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("cls", [c for c, _, _ in CALLS], ids=IDS)
+@pytest.mark.parametrize("value", [None, "", "   "])
+def test_missing_token_env_raises_not_configured(
+    cls: type[Any], value: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if value is None:
+        monkeypatch.delenv(cls.TOKEN_ENV, raising=False)
+    else:
+        monkeypatch.setenv(cls.TOKEN_ENV, value)
+    with pytest.raises(NotConfigured) as info:
+        cls()
+    assert cls.TOKEN_ENV in str(info.value)
+
+
+@pytest.mark.parametrize(("cls", "call", "path"), CALLS, ids=IDS)
+def test_token_and_base_url_from_env(
+    cls: type[Any],
+    call: Callable[[Any], Any],
+    path: str,
+    fake_api: Any,
+    token: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(cls.TOKEN_ENV, token)
+    monkeypatch.setenv(cls.BASE_URL_ENV, fake_api.url)
+    fake_api.reply(200, SUCCESS_BODY)
+
+    client = cls()
+
+    assert client.base_url == fake_api.url
+    assert call(client) == SUCCESS_BODY
+    assert fake_api.last.path == path
+    assert token in " ".join(fake_api.last.headers.values())
+
+
+def test_base_url_argument_beats_env(fake_api: Any, token: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GITHUB_BASE_URL", "http://127.0.0.1:9")
+    client = GitHubClient(token, base_url=fake_api.url + "/")
+    fake_api.reply(200, {"login": "octocat"})
+
+    assert client.get_user("octocat") == {"login": "octocat"}
+    assert client.base_url == fake_api.url
+
+
+def test_default_base_urls_without_env(token: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    for cls, _, _ in CALLS:
+        monkeypatch.delenv(cls.BASE_URL_ENV, raising=False)
+    assert GitHubClient(token).base_url == "https://api.github.com"
+    assert SlackClient(token).base_url == "https://slack.com/api"
+    assert AnthropicClient(token).base_url == "https://api.anthropic.com"
+    assert ApolloClient(token).base_url == "https://api.apollo.io/api/v1"
+
+
+# --- secrecy -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cls", [c for c, _, _ in CALLS], ids=IDS)
+def test_token_not_in_repr(cls: type[Any], make_client: Callable[..., Any], token: str) -> None:
+    client = make_client(cls)
+    assert token not in repr(client)
+    assert cls.__name__ in repr(client)
+
+
+@pytest.mark.parametrize(("cls", "call", "path"), CALLS, ids=IDS)
+def test_token_echoed_by_api_is_redacted_from_error(
+    cls: type[Any],
+    call: Callable[[Any], Any],
+    path: str,
+    fake_api: Any,
+    make_client: Callable[..., Any],
+    token: str,
+) -> None:
+    fake_api.reply(401, {"message": f"invalid credential {token}"})
+    with pytest.raises(AuthError) as info:
+        call(make_client(cls))
+    assert token not in str(info.value)
+    assert token not in info.value.message
+    assert "[redacted]" in info.value.message
+
+
+def test_shared_session_does_not_carry_credentials(fake_api: Any, make_client: Callable[..., Any], token: str) -> None:
+    session = requests.Session()
+    github = make_client(GitHubClient, session=session)
+    slack = make_client(SlackClient, session=session)
+    fake_api.reply(200, {"login": "octocat"})
+    fake_api.reply(200, {"ok": True})
+
+    github.get_user("octocat")
+    slack.post_message("C1", "hi")
+
+    assert github.session is session and slack.session is session
+    assert token not in " ".join(str(v) for v in session.headers.values())
+    assert fake_api.received[1].headers["authorization"] == f"Bearer {token}"
+
+
+def test_close_releases_only_an_owned_session(fake_api: Any, make_client: Callable[..., Any]) -> None:
+    shared = requests.Session()
+    owned_client = make_client(GitHubClient)
+    shared_client = make_client(GitHubClient, session=shared)
+    fake_api.reply(200, {"login": "a"})
+    fake_api.reply(200, {"login": "b"})
+    owned_client.get_user("a")
+    shared_client.get_user("b")
+
+    owned_client.close()
+    shared_client.close()
+
+    def open_pools(session: requests.Session) -> int:
+        return len(session.get_adapter(fake_api.url).poolmanager.pools)
+
+    assert open_pools(owned_client.session) == 0
+    assert open_pools(shared) == 1
+    shared.close()
+
+
+# --- responses and transport -------------------------------------------------
+
+
+def test_html_error_page_becomes_server_error_with_excerpt(fake_api: Any, make_client: Callable[..., Any]) -> None:
+    fake_api.reply(
+        502,
+        "<html><body>" + "Bad Gateway " * 50 + "</body></html>",
+        {"Content-Type": "text/html"},
+    )
+    with pytest.raises(ServerError) as info:
+        make_client(GitHubClient).get_user("octocat")
+    assert info.value.status == 502
+    assert info.value.message.startswith("<html><body>Bad Gateway")
+    assert len(info.value.message) <= 200
+
+
+def test_success_without_json_is_an_api_error(fake_api: Any, make_client: Callable[..., Any]) -> None:
+    fake_api.reply(200, "<html>login page</html>", {"Content-Type": "text/html"})
+    with pytest.raises(APIError) as info:
+        make_client(GitHubClient).get_user("octocat")
+    assert info.value.status == 200
+    assert "login page" in info.value.message
+
+
+def test_redirect_not_followed_when_key_is_in_custom_header(fake_api: Any, make_client: Callable[..., Any]) -> None:
+    fake_api.reply(302, {"message": "moved"}, {"Location": "http://127.0.0.1:9/steal"})
+    with pytest.raises(APIError) as info:
+        make_client(ApolloClient).enrich_organization("apollo.io")
+    assert info.value.status == 302
+    assert len(fake_api.received) == 1
+
+
+def test_github_follows_redirect_for_renamed_repo(fake_api: Any, make_client: Callable[..., Any], token: str) -> None:
+    fake_api.reply(
+        301,
+        {"message": "Moved Permanently"},
+        {"Location": fake_api.url + "/repositories/42"},
+    )
+    fake_api.reply(200, {"id": 42, "full_name": "new/name"})
+
+    assert make_client(GitHubClient).get_repo("old", "name") == {
+        "id": 42,
+        "full_name": "new/name",
+    }
+    assert [r.path for r in fake_api.received] == [
+        "/repos/old/name",
+        "/repositories/42",
+    ]
+    assert fake_api.received[1].headers["authorization"] == f"Bearer {token}"
+
+
+def test_connection_refused_propagates_as_requests_error(
+    make_client: Callable[..., Any],
+) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    client = make_client(GitHubClient, base_url=f"http://127.0.0.1:{port}")
+    with pytest.raises(requests.ConnectionError) as info:
+        client.get_user("octocat")
+    assert not isinstance(info.value, APIError)
+
+
+def test_read_timeout_propagates_as_requests_timeout(fake_api: Any, make_client: Callable[..., Any]) -> None:
+    fake_api.reply(200, {"ok": True}, delay=1.0)
+    client = make_client(SlackClient, timeout=(2.0, 0.2))
+    with pytest.raises(requests.Timeout):
+        client.post_message("C1", "hi")
+
+
+def test_error_path_has_no_query_string(fake_api: Any, make_client: Callable[..., Any]) -> None:
+    fake_api.reply(404, {"error": "not found"})
+    with pytest.raises(NotFoundError) as info:
+        make_client(ApolloClient).enrich_organization("secret-domain.example")
+    assert info.value.path == "/organizations/enrich"
+    assert "secret-domain" not in str(info.value)
+
+
+def test_rate_limit_error_is_an_api_error() -> None:
+    # Callers catching APIError must also catch the more specific kinds.
+    for kind in (AuthError, RateLimitError, ServerError, NotFoundError):
+        assert issubclass(kind, APIError)
