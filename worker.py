@@ -15,7 +15,7 @@ from gevent.event import Event  # noqa: E402
 from lib import embedded, errors  # noqa: E402
 from lib.db import DB  # noqa: E402
 from lib.errors import Outage  # noqa: E402
-from lib.leases import Leases  # noqa: E402
+from lib.leases import LEASE_SECONDS, Leases  # noqa: E402
 from lib.migrate import migrate  # noqa: E402
 from lib.poller import FINALIZING, Poller  # noqa: E402
 
@@ -27,6 +27,9 @@ Registry = Sequence[Callable[[DB], Poller]]
 # handler's own queries while its slot's connection is busy.
 POOL_BUFFER = 4
 SHUTDOWN_WINDOW = float(os.environ.get("JOBS_SHUTDOWN_WINDOW", "30"))
+# How long a started row holds without renewal; a dead worker's jobs are taken
+# back after about this long.
+LEASE = float(os.environ.get("JOBS_LEASE_SECONDS", LEASE_SECONDS))
 RESTART_DELAY = 5.0
 
 
@@ -56,7 +59,14 @@ def main(registry: Registry, argv: Sequence[str] | None = None) -> int:
         db.close()
 
 
-def run(db: DB, registry: Registry, *, shutdown_window: float = SHUTDOWN_WINDOW, stop: Event | None = None) -> int:
+def run(
+    db: DB,
+    registry: Registry,
+    *,
+    shutdown_window: float = SHUTDOWN_WINDOW,
+    lease: float = LEASE,
+    stop: Event | None = None,
+) -> int:
     """One greenlet per poller until SIGTERM/SIGINT (or stop); then stop
     claiming, give running jobs the shutdown window, and write off the rest."""
     stop = stop or Event()
@@ -65,12 +75,14 @@ def run(db: DB, registry: Registry, *, shutdown_window: float = SHUTDOWN_WINDOW,
     for poller in pollers:
         # One report for an outage of the database, not one per queue.
         poller.outage = outage
+        poller.lease = lease
     slots = sum(p.concurrency for p in pollers)
     if slots > len(pollers):
         db.grow(slots - len(pollers))
     leases = Leases(
         db,
         lambda: [job.id for p in pollers for job in p.running.values()],
+        lease=lease,
         legacy_age=max((p.job_timeout for p in pollers), default=600.0) + 60,
     )
     for signum in (signal.SIGTERM, signal.SIGINT):
