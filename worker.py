@@ -18,6 +18,9 @@ from lib.errors import Outage  # noqa: E402
 from lib.leases import LEASE_SECONDS, Leases  # noqa: E402
 from lib.migrate import migrate  # noqa: E402
 from lib.poller import FINALIZING, Poller  # noqa: E402
+from lib.queue_state import AUTH_PREFIX, resume  # noqa: E402
+from lib.sql import Q  # noqa: E402
+from lib.wakeups import Listener  # noqa: E402
 
 log = logging.getLogger("jobs.worker")
 
@@ -70,10 +73,10 @@ def run(
     """One greenlet per poller until SIGTERM/SIGINT (or stop); then stop
     claiming, give running jobs the shutdown window, and write off the rest."""
     stop = stop or Event()
-    outage = Outage("fetch pending jobs")
-    pollers = [make(db) for make in registry]
+    # One report for an outage of the database, not one per queue or part.
+    outage = Outage("database")
+    pollers = _start_pollers(db, registry)
     for poller in pollers:
-        # One report for an outage of the database, not one per queue.
         poller.outage = outage
         poller.lease = lease
     slots = sum(p.concurrency for p in pollers)
@@ -85,27 +88,58 @@ def run(
         lease=lease,
         legacy_age=max((p.job_timeout for p in pollers), default=600.0) + 60,
     )
+    leases.outage = outage
+    listener = Listener(db.dsn, wake=_router(pollers), wake_all=lambda: _wake(pollers), outage=outage)
     for signum in (signal.SIGTERM, signal.SIGINT):
         gevent.signal_handler(signum, stop.set)
 
-    keeper = gevent.spawn(leases.run, stop)
+    helpers = [gevent.spawn(leases.run, stop), gevent.spawn(listener.run, stop)]
     greenlets = [gevent.spawn(_supervise, p, stop) for p in pollers]
     log.info("worker %s running %d queues: %s", leases.worker_id, len(pollers), ", ".join(p.queue for p in pollers))
     stop.wait()
 
     running = sum(len(p.running) for p in pollers)
     log.info("stopping: no new claims; %d running jobs get up to %gs", running, shutdown_window)
-    for poller in pollers:
-        poller.wake()
+    _wake(pollers)
     gevent.joinall(greenlets, timeout=shutdown_window)
     left = [g for g in greenlets if not g.dead]
     if left:
         log.warning("shutdown window closed; interrupting %d running jobs", len(left))
         gevent.killall(left, timeout=10)
     FINALIZING.join(timeout=30)
-    keeper.kill()
+    gevent.killall(helpers)
     log.info("stopped")
     return 0
+
+
+def _wake(pollers: Sequence[Poller]) -> None:
+    for poller in pollers:
+        poller.wake()
+
+
+def _router(pollers: Sequence[Poller]) -> Callable[[str], None]:
+    """wake(queue) for the listener: the pollers of that queue, if this process runs it."""
+    by_queue: dict[str, list[Poller]] = {}
+    for poller in pollers:
+        by_queue.setdefault(poller.queue, []).append(poller)
+    return lambda queue: _wake(by_queue.get(queue, ()))
+
+
+def _start_pollers(db: DB, registry: Registry) -> list[Poller]:
+    """Build the pollers; say once which queues are off and why, declare the
+    job names that dedupe, and end the pauses a rejected token caused (this
+    start may be the one after the token was fixed)."""
+    pollers = []
+    for make in registry:
+        poller = make(db)
+        if poller.off:
+            log.warning("queue=%s is off: %s", poller.queue, poller.off)
+            continue
+        db.exec(Q.dedupe_declare, {"queue": poller.queue, "names": sorted(poller.dedupe)})
+        if resume(db, poller.queue, prefix=AUTH_PREFIX):
+            log.info("queue=%s auth pause ended at start", poller.queue)
+        pollers.append(poller)
+    return pollers
 
 
 def _supervise(poller: Poller, stop: Event) -> None:

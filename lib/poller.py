@@ -25,6 +25,7 @@ from lib.sql import Q
 log = logging.getLogger("jobs")
 
 FINALIZE_TIMEOUT = 30.0
+MAX_THROTTLE = 86400.0
 
 # Outcome writes run in greenlets of their own, so that killing a poller at the
 # end of the shutdown window cannot cut a write in half; the worker waits for
@@ -84,6 +85,8 @@ class Poller:
         concurrency: int = 1,
         max_attempts: int = 1,
         outage: Outage | None = None,
+        off: str | None = None,
+        dedupe: frozenset[str] | set[str] = frozenset(),
     ) -> None:
         # A bad configuration fails when the worker starts, not at the first job.
         if not queue or queue != queue.strip():
@@ -96,6 +99,8 @@ class Poller:
             raise ValueError(f"queue {queue}: concurrency and max_attempts must be at least 1")
         if throttle is not None and not callable(throttle):
             raise ValueError(f"queue {queue}: throttle must be callable")
+        if not set(dedupe) <= set(dispatch):
+            raise ValueError(f"queue {queue}: dedupe names jobs it does not handle: {set(dedupe) - set(dispatch)}")
         self.queue = queue
         self.db = db
         self.dispatch = dict(dispatch)
@@ -105,6 +110,11 @@ class Poller:
         self.concurrency = concurrency
         self.max_attempts = max_attempts
         self.outage = outage or Outage(f"queue={queue} fetch")
+        # Why this queue must not run in this process (say, its API token is
+        # not configured); the worker says so once and leaves it alone.
+        self.off = off
+        # Job names that refuse a second pending or started copy with the same args.
+        self.dedupe = frozenset(dedupe)
         # Set by the worker for the whole process; defaults serve tests.
         self.worker_id = WORKER_ID
         self.lease = LEASE_SECONDS
@@ -138,7 +148,7 @@ class Poller:
             # Cleared before the claim: a wake that lands after it is not lost.
             wakeup.clear()
             try:
-                job = self.claim(slot=slot)
+                job, wait = self._claim(None, slot)
             except Exception as exc:
                 self.outage.failed(exc, queue=self.queue)
                 stop.wait(retry_wait)
@@ -147,7 +157,10 @@ class Poller:
             self.outage.recovered()
             retry_wait = 1.0
             if job is None:
-                gevent.wait([stop, wakeup], timeout=self.poll_interval, count=1)
+                # The queue's next delayed row, or the end of its pause or
+                # throttle, when that comes before the fallback poll.
+                timeout = self.poll_interval if wait is None or wait <= 0 else min(wait, self.poll_interval)
+                gevent.wait([stop, wakeup], timeout=timeout, count=1)
                 continue
             self.run(job, slot=slot, stop=stop)
 
@@ -161,7 +174,13 @@ class Poller:
 
     def claim(self, job_id: int | None = None, *, slot: int = 0) -> PendingJob | None:
         """One conditional statement; None is the ordinary answer when another
-        worker got there first or the queue's slots are all taken."""
+        worker got there first, the queue's slots are all taken, or the queue
+        is paused or throttled."""
+        return self._claim(job_id, slot)[0]
+
+    def _claim(self, job_id: int | None, slot: int) -> tuple[PendingJob | None, float | None]:
+        """The claimed job, or None and the seconds until the queue may have
+        work (None: nothing known)."""
         params = {
             "queue": self.queue,
             "id": job_id,
@@ -174,12 +193,14 @@ class Poller:
             row = self.db.query_row(Q.job_claim, params)
         except Exception as exc:
             if is_unique_violation(exc):
-                return None
+                return None, None
             raise
         if row is None:
-            return None
-        job_id, name, args, attempts, max_attempts, callsite, latency = row
-        return PendingJob(job_id, name, args, attempts, max_attempts, callsite, latency)
+            return None, None
+        job_id, name, args, attempts, max_attempts, callsite, latency, wait = row
+        if job_id is None:
+            return None, wait
+        return PendingJob(job_id, name, args, attempts, max_attempts, callsite, latency), None
 
     def run(self, job: PendingJob, *, slot: int = 0, stop: Event | None = None) -> str:
         """Run a claimed job to its outcome; the status it reached."""
@@ -193,9 +214,12 @@ class Poller:
             # (shutdown); the job is written off as interrupted and the kill
             # goes on up.
             outcome = outcome or self._interrupted(job)
-            self.running.pop(slot, None)
-            self._finalize(job, outcome)
             elapsed = time.monotonic() - start
+            # Known before the outcome is written, so the write also holds the
+            # queue back for every process; a job cut off by shutdown has none.
+            delay = self._delay(outcome, elapsed) if outcome.status != st.INTERRUPTED else 0.0
+            self.running.pop(slot, None)
+            self._finalize(job, outcome, delay)
             log.info(
                 "queue=%s job=%s id=%d status=%r latency=%.2fs duration=%.2fs",
                 self.queue,
@@ -205,7 +229,8 @@ class Poller:
                 job.latency,
                 elapsed,
             )
-        self._throttle(outcome, elapsed, stop)
+        if delay > 0:
+            (stop or Event()).wait(delay)
         return outcome.status
 
     def _dispatch(self, job: PendingJob) -> str | BaseException:
@@ -241,11 +266,11 @@ class Poller:
         # Like a rescue: another worker takes the job over when attempts remain.
         return Outcome(st.INTERRUPTED, retry_in=0.0 if job.attempts < job.max_attempts else None)
 
-    def _finalize(self, job: PendingJob, outcome: Outcome) -> None:
-        writer = FINALIZING.spawn(self._write_outcome, job, outcome)
+    def _finalize(self, job: PendingJob, outcome: Outcome, delay: float = 0.0) -> None:
+        writer = FINALIZING.spawn(self._write_outcome, job, outcome, delay)
         writer.join()
 
-    def _write_outcome(self, job: PendingJob, outcome: Outcome) -> None:
+    def _write_outcome(self, job: PendingJob, outcome: Outcome, delay: float) -> None:
         """One update by primary key. It runs once more on a fresh connection
         when the connection was lost: the update is safe to repeat whether or
         not the first one reached the server, and the pool has discarded the
@@ -257,12 +282,13 @@ class Poller:
             "status": outcome.stored,
             "retry_in": outcome.retry_in,
             "last_error": outcome.status if outcome.error or outcome.status == st.INTERRUPTED else None,
+            "delay": delay,
         }
         tags = {"queue": self.queue, "job": job.name, "job_id": job.id, "callsite": job.callsite}
         for attempt in (1, 2):
             try:
                 with gevent.Timeout(FINALIZE_TIMEOUT):
-                    written = self.db.exec(Q.job_finalize, params)
+                    (written,) = self.db.query_row(Q.job_finalize, params) or (0,)
             except (Exception, gevent.Timeout) as exc:
                 if attempt == 1 and is_conn_failure(exc):
                     log.warning("queue=%s id=%d finalize lost its connection, once more: %s", self.queue, job.id, exc)
@@ -281,14 +307,16 @@ class Poller:
                 )
             return
 
-    def _throttle(self, outcome: Outcome, elapsed: float, stop: Event | None) -> None:
+    def _delay(self, outcome: Outcome, elapsed: float) -> float:
+        """The throttle's pause after this outcome; a throttle that raises or
+        answers nonsense is reported and means no pause, never a stuck queue."""
         if self.throttle is None:
-            return
+            return 0.0
         try:
             delay = float(self.throttle(outcome.status, outcome.error, elapsed))
         except Exception as exc:
             log.error("queue=%s throttle raised, no pause: %s", self.queue, exc)
             capture(exc, message="throttle", queue=self.queue)
-            return
-        if delay > 0:
-            (stop or Event()).wait(delay)
+            return 0.0
+        # NaN fails both comparisons: no pause. A day bounds a runaway answer.
+        return min(delay, MAX_THROTTLE) if delay > 0 else 0.0

@@ -4,8 +4,9 @@ from collections.abc import Callable
 
 from lib.db import DB
 from lib.poller import Poller
-from queues import caches
+from queues import caches, maintenance
 
 REGISTRY: list[Callable[[DB], Poller]] = [
     caches.make_worker,
+    maintenance.make_worker,
 ]

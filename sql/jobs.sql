@@ -21,40 +21,63 @@ ON CONFLICT DO NOTHING
 RETURNING id
 
 -- name: job_claim
--- Move the queue's next due pending row (or the one asked for) to started, in one
--- statement; the unique (queue, slot) index refuses a claim past the queue's concurrency.
-WITH next AS (
+-- Move the queue's next due pending row (or the one asked for) to started in one statement, unless the queue is paused or throttled; with nothing claimed, one row of NULLs whose wait says how long until the queue may have work. The unique (queue, slot) index refuses a claim past the queue's concurrency.
+WITH gate AS (
+  SELECT greatest(paused_until, next_claim_at) AS until
+  FROM job_queues WHERE queue = %(queue)s AND greatest(paused_until, next_claim_at) > now()
+),
+next AS (
   SELECT id FROM jobs
   WHERE queue = %(queue)s AND status = 'pending' AND run_at <= now()
     AND (%(id)s::bigint IS NULL OR id = %(id)s::bigint)
+    AND NOT EXISTS (SELECT 1 FROM gate)
   ORDER BY priority DESC, run_at, id
   LIMIT 1
   FOR UPDATE SKIP LOCKED
+),
+claimed AS (
+  UPDATE jobs j
+  SET status = 'started', started_at = now(), finished_at = NULL,
+      attempts = j.attempts + 1,
+      max_attempts = coalesce(j.max_attempts, %(max_attempts)s),
+      worker_id = %(worker_id)s, slot = %(slot)s,
+      lease_until = now() + make_interval(secs => %(lease)s)
+  FROM next
+  WHERE j.id = next.id
+  RETURNING j.id, j.name, j.args, j.attempts, j.max_attempts, j.callsite,
+            greatest(extract(EPOCH FROM now() - j.run_at), 0)::float8 AS latency
 )
-UPDATE jobs j
-SET status = 'started', started_at = now(), finished_at = NULL,
-    attempts = j.attempts + 1,
-    max_attempts = coalesce(j.max_attempts, %(max_attempts)s),
-    worker_id = %(worker_id)s, slot = %(slot)s,
-    lease_until = now() + make_interval(secs => %(lease)s)
-FROM next
-WHERE j.id = next.id
-RETURNING j.id, j.name, j.args, j.attempts, j.max_attempts, j.callsite,
-          greatest(extract(EPOCH FROM now() - j.run_at), 0)::float8 AS latency
+SELECT id, name, args, attempts, max_attempts, callsite, latency, NULL::float8 AS wait FROM claimed
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+       extract(EPOCH FROM coalesce(
+         (SELECT least(until, now() + interval '1 day') FROM gate),  -- a pause may be infinite
+         (SELECT min(run_at) FROM jobs
+          WHERE queue = %(queue)s AND status = 'pending' AND run_at > now())
+       ) - now())::float8
+WHERE NOT EXISTS (SELECT 1 FROM claimed)
 
 -- name: job_finalize
--- Write a claimed job's outcome by primary key: terminal, or back to pending for a
--- retry. Safe to run twice: it matches the row still started by this claim, or
--- already holding this very outcome.
-UPDATE jobs
-SET status = %(status)s,
-    finished_at = CASE WHEN %(retry_in)s::float8 IS NULL THEN now() END,
-    run_at = CASE WHEN %(retry_in)s::float8 IS NULL THEN run_at
-                  ELSE now() + make_interval(secs => %(retry_in)s::float8) END,
-    last_error = coalesce(%(last_error)s, last_error),
-    lease_until = NULL, slot = NULL
-WHERE id = %(id)s AND worker_id = %(worker_id)s AND attempts = %(attempts)s
-  AND status IN ('started', %(status)s)
+-- Write a claimed job's outcome by primary key (terminal, or back to pending for a retry) and hold the queue's next claim back by the throttle's delay. Safe to run twice: it matches the row still started by this claim, or already holding this very outcome.
+WITH done AS (
+  UPDATE jobs
+  SET status = %(status)s,
+      finished_at = CASE WHEN %(retry_in)s::float8 IS NULL THEN now() END,
+      run_at = CASE WHEN %(retry_in)s::float8 IS NULL THEN run_at
+                    ELSE now() + make_interval(secs => %(retry_in)s::float8) END,
+      last_error = coalesce(%(last_error)s, last_error),
+      lease_until = NULL, slot = NULL
+  WHERE id = %(id)s AND worker_id = %(worker_id)s AND attempts = %(attempts)s
+    AND status IN ('started', %(status)s)
+  RETURNING queue
+),
+throttled AS (
+  INSERT INTO job_queues (queue, next_claim_at)
+  SELECT queue, now() + make_interval(secs => %(delay)s::float8) FROM done
+  WHERE %(delay)s::float8 > 0
+  ON CONFLICT (queue) DO UPDATE SET next_claim_at = excluded.next_claim_at
+)
+SELECT count(*) FROM done
 
 -- name: job_heartbeat
 -- Extend the lease of the rows this worker process is running now.
@@ -86,3 +109,13 @@ SELECT version FROM schema_migrations ORDER BY version
 -- name: migration_record
 -- Note one migration as applied, in the transaction that applied it.
 INSERT INTO schema_migrations (version, name) VALUES (%(version)s, %(name)s)
+
+-- name: job_delete_finished
+-- Delete one batch of finished rows older than the retention age; small batches hold no long lock, and pending or started rows are never touched.
+DELETE FROM jobs
+WHERE id IN (
+  SELECT id FROM jobs
+  WHERE status NOT IN ('pending', 'started')
+    AND finished_at < now() - make_interval(days => %(days)s)
+  LIMIT %(batch)s
+)

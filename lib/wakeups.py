@@ -1,0 +1,95 @@
+"""LISTEN/NOTIFY wakeups: one listening connection per process, routed to the
+pollers of the queue named in each notification.
+
+Triggers on the jobs table notify on channel "jobs" whenever a queue may have
+work, whoever wrote the row. The pollers' own poll interval stays as the
+fallback; with this it can be long.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import psycopg2
+import psycopg2.extensions
+from gevent.event import Event
+from gevent.select import select
+
+from lib.errors import Outage
+
+log = logging.getLogger("jobs.wakeups")
+
+CHANNEL = "jobs"
+# How often the loop looks at stop while no notification comes.
+_SELECT_TIMEOUT = 5.0
+_MAX_BACKOFF = 30.0
+
+
+class Listener:
+    def __init__(
+        self,
+        dsn: str,
+        wake: Callable[[str], None],
+        wake_all: Callable[[], None],
+        *,
+        outage: Outage | None = None,
+    ) -> None:
+        self.dsn = dsn
+        self.wake = wake
+        self.wake_all = wake_all
+        self.outage = outage or Outage("listen for wakeups")
+        self.listening = Event()  # set while a LISTEN connection is up (tests wait on it)
+        self.connections = 0  # how many times it has (re)connected
+
+    def run(self, stop: Event) -> None:
+        backoff = 1.0
+        while not stop.is_set():
+            conn = None
+            try:
+                conn = self._connect()
+                self.outage.recovered()
+                backoff = 1.0
+                # Rows written while nobody listened would otherwise wait
+                # for the fallback poll.
+                self.wake_all()
+                self._listen(conn, stop)
+            except (psycopg2.Error, OSError) as exc:
+                self.outage.failed(exc)
+            finally:
+                self.listening.clear()
+                if conn is not None:
+                    conn.close()
+            stop.wait(backoff)
+            backoff = min(backoff * 2, _MAX_BACKOFF)
+
+    def _connect(self) -> psycopg2.extensions.connection:
+        conn = psycopg2.connect(
+            self.dsn,
+            application_name="jobs-listener",
+            connect_timeout=5,
+            # A silent peer is noticed within about 30 s.
+            keepalives=1,
+            keepalives_idle=15,
+            keepalives_interval=5,
+            keepalives_count=3,
+        )
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            cur.execute(f"LISTEN {CHANNEL}")
+        self.connections += 1
+        self.listening.set()
+        log.info("listening for wakeups")
+        return conn
+
+    def _listen(self, conn: psycopg2.extensions.connection, stop: Event) -> None:
+        while not stop.is_set():
+            readable, _, _ = select([conn], [], [], _SELECT_TIMEOUT)
+            if not readable:
+                continue
+            # Raises when the server went away: the caller reconnects.
+            conn.poll()
+            queues = {n.payload for n in conn.notifies}
+            conn.notifies.clear()
+            for queue in queues:
+                self.wake(queue)

@@ -1,0 +1,46 @@
+"""The maintenance queue: retention of finished job rows. No external API, no throttle.
+
+The rows it keeps (14 days by default) let a handler check for recent work
+before it calls a paid API.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import gevent
+
+from lib import status
+from lib.db import DB
+from lib.poller import PendingJob, Poller
+from lib.sql import Q
+
+log = logging.getLogger("jobs.maintenance")
+
+RETENTION_DAYS = int(os.environ.get("JOBS_RETENTION_DAYS", "14"))
+BATCH = 1000
+
+
+def clean_up_jobs(db: DB, days: int = RETENTION_DAYS, batch: int = BATCH) -> str:
+    if days < 1:
+        raise ValueError(f"retention must be at least a day, got {days}")
+    deleted = 0
+    while True:
+        n = db.exec(Q.job_delete_finished, {"days": days, "batch": batch})
+        deleted += n
+        if n < batch:
+            break
+        # Each batch is its own short transaction; let the other queues run between them.
+        gevent.sleep(0)
+    log.info("deleted %d finished jobs older than %d days", deleted, days)
+    return status.ok(f"deleted {deleted}") if deleted else status.skip("nothing old enough")
+
+
+def make_worker(db: DB) -> Poller:
+    def handle(job: PendingJob) -> str:
+        return clean_up_jobs(db)
+
+    return Poller(
+        "maintenance", db, {"maintenance.CleanUpJobs": handle}, job_timeout=3600, dedupe={"maintenance.CleanUpJobs"}
+    )

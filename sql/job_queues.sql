@@ -1,0 +1,19 @@
+-- Named queries on job_queues: the state of a queue shared by every process.
+
+-- name: queue_pause
+-- Pause a queue for every worker, until a moment or (NULL) until resumed.
+INSERT INTO job_queues (queue, paused_until, pause_reason)
+VALUES (%(queue)s, coalesce(%(until)s::timestamptz, 'infinity'), %(reason)s)
+ON CONFLICT (queue) DO UPDATE
+SET paused_until = excluded.paused_until, pause_reason = excluded.pause_reason
+
+-- name: queue_resume
+-- End a queue's pause; with a reason prefix, only a pause whose reason starts so.
+UPDATE job_queues SET paused_until = NULL, pause_reason = NULL
+WHERE queue = %(queue)s AND paused_until IS NOT NULL
+  AND (%(prefix)s::text IS NULL OR starts_with(pause_reason, %(prefix)s))
+
+-- name: queue_paused
+-- Queues paused now, with why and until when.
+SELECT queue, pause_reason, paused_until FROM job_queues
+WHERE paused_until > now() ORDER BY queue

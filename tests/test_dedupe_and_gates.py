@@ -1,0 +1,116 @@
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from tests_support import count_jobs
+
+from lib.insert import Job, insert, insert_many
+from lib.poller import Poller
+from lib.queue_state import pause, paused, resume
+from lib.sql import Q
+
+
+@pytest.fixture
+def dedupe_q(db):
+    db.exec("TRUNCATE job_dedupe_names, job_queues")
+    poller = Poller("d", db, {"d.Once": lambda job: "ok", "d.Many": lambda job: "ok"}, dedupe={"d.Once"})
+    db.exec(Q.dedupe_declare, {"queue": "d", "names": sorted(poller.dedupe)})
+    return poller
+
+
+def test_a_second_pending_copy_is_refused(db, dedupe_q):
+    first = insert(db, "d", "d.Once", {"id": 1, "tags": ["a"]})
+    assert first is not None
+    assert insert(db, "d", "d.Once", {"tags": ["a"], "id": 1}) is None  # same args, other key order
+    assert insert(db, "d", "d.Once", {"id": 2}) is not None
+    assert insert(db, "d", "d.Many", {"id": 1}) is not None  # a name that did not opt in
+    assert insert(db, "d", "d.Many", {"id": 1}) is not None
+    assert count_jobs(db) == 4
+
+
+def test_dedupe_holds_while_started_and_ends_when_finished(db, dedupe_q):
+    insert(db, "d", "d.Once", {"id": 1})
+    job = dedupe_q.claim()
+    assert insert(db, "d", "d.Once", {"id": 1}) is None
+    dedupe_q.run(job)
+    assert insert(db, "d", "d.Once", {"id": 1}) is not None
+
+
+def test_dedupe_with_large_args(db, dedupe_q):
+    big = {"blob": "x" * 200_000, "n": 1}
+    assert insert(db, "d", "d.Once", big) is not None
+    assert insert(db, "d", "d.Once", big) is None
+    assert insert(db, "d", "d.Once", {**big, "n": 2}) is not None
+
+
+def test_dedupe_applies_to_every_writer(db, dedupe_q):
+    ids = insert_many(db, [Job("d", "d.Once", {"k": 1}), Job("d", "d.Once", {"k": 1}), Job("d", "d.Once", {"k": 2})])
+    assert len(ids) == 2
+    db.exec("INSERT INTO jobs (queue, name, args) VALUES ('d', 'd.Once', '{\"k\": 3}') ON CONFLICT DO NOTHING")
+    db.exec("INSERT INTO jobs (queue, name, args) VALUES ('d', 'd.Once', '{\"k\": 3}') ON CONFLICT DO NOTHING")
+    assert count_jobs(db) == 3
+
+
+def test_dedupe_must_name_handled_jobs(db):
+    with pytest.raises(ValueError, match="does not handle"):
+        Poller("d", db, {"d.A": lambda job: "ok"}, dedupe={"d.B"})
+
+
+def test_throttle_holds_for_the_queue_across_processes(db):
+    db.exec("TRUNCATE job_queues")
+    one = Poller("t", db, {"t.N": lambda job: "ok"}, throttle=lambda s, e, t: 0.2)
+    other = Poller("t", db, {"t.N": lambda job: "ok"}, throttle=lambda s, e, t: 0.2)
+    other.worker_id = "another-process"
+    insert(db, "t", "t.N")
+    insert(db, "t", "t.N")
+    assert one.work_once() == "ok"  # waits its 0.2 s locally, too
+    db.exec("UPDATE job_queues SET next_claim_at = now() + interval '30 seconds'")
+    job, wait = other._claim(None, 0)
+    assert job is None and 25 < wait <= 30
+    db.exec("UPDATE job_queues SET next_claim_at = now() - interval '1 second'")
+    assert other.work_once() == "ok"
+
+
+def test_no_throttle_writes_no_gate(db):
+    db.exec("TRUNCATE job_queues")
+    insert(db, "n", "n.N")
+    Poller("n", db, {"n.N": lambda job: "ok"}).work_once()
+    assert db.query("SELECT * FROM job_queues") == []
+
+
+def test_pause_and_resume_for_every_worker(db):
+    db.exec("TRUNCATE job_queues")
+    poller = Poller("p", db, {"p.N": lambda job: "ok"})
+    insert(db, "p", "p.N")
+    pause(db, "p", "vendor maintenance")
+    assert poller.work_once() is None
+    assert [(q, r) for q, r, _ in paused(db)] == [("p", "vendor maintenance")]
+    assert resume(db, "p")
+    assert poller.work_once() == "ok"
+    assert not resume(db, "p")
+
+
+def test_pause_with_an_end_time_ends_by_itself(db):
+    db.exec("TRUNCATE job_queues")
+    poller = Poller("p", db, {"p.N": lambda job: "ok"})
+    insert(db, "p", "p.N")
+    pause(db, "p", "brief", until=datetime.now(UTC) + timedelta(hours=1))
+    job, wait = poller._claim(None, 0)
+    assert job is None and 3500 < wait <= 3600
+    pause(db, "p", "brief", until=datetime.now(UTC) - timedelta(seconds=1))
+    assert poller.work_once() == "ok"
+
+
+def test_resume_by_prefix_leaves_other_pauses(db):
+    db.exec("TRUNCATE job_queues")
+    pause(db, "a", "auth: token rejected")
+    pause(db, "b", "by hand")
+    assert resume(db, "a", prefix="auth: ")
+    assert not resume(db, "b", prefix="auth: ")
+    assert [q for q, _, _ in paused(db)] == ["b"]
+
+
+def test_idle_poller_learns_when_its_next_delayed_job_is_due(db):
+    poller = Poller("r", db, {"r.N": lambda job: "ok"})
+    insert(db, "r", "r.N", run_at=datetime.now(UTC) + timedelta(seconds=90))
+    job, wait = poller._claim(None, 0)
+    assert job is None and 80 < wait <= 90

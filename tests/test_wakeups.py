@@ -1,0 +1,111 @@
+import time
+
+import gevent
+import pytest
+from gevent.event import Event
+from tests_support import run_python
+
+from lib.insert import insert
+from lib.poller import Poller
+from lib.wakeups import Listener
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.woken: list[str] = []
+        self.all = 0
+
+    def wake(self, queue: str) -> None:
+        self.woken.append(queue)
+
+    def wake_all(self) -> None:
+        self.all += 1
+
+
+@pytest.fixture
+def listening(database_url):
+    recorder = Recorder()
+    listener = Listener(database_url, recorder.wake, recorder.wake_all)
+    stop = Event()
+    g = gevent.spawn(listener.run, stop)
+    assert listener.listening.wait(10)
+    yield listener, recorder
+    stop.set()
+    g.kill()
+
+
+def _wait(predicate, timeout=10.0):
+    with gevent.Timeout(timeout):
+        while not predicate():
+            gevent.sleep(0.01)
+
+
+def test_commit_from_another_process_wakes_the_poller_far_before_the_poll(db, database_url):
+    """The poll interval is 60 s; a separate process's commit starts the job in well under that."""
+    started = []
+    poller = Poller("q", db, {"q.N": lambda job: started.append(time.time()) or "ok"}, poll_interval=60)
+    listener = Listener(database_url, lambda queue: poller.wake(), poller.wake)
+    stop = Event()
+    greenlets = [gevent.spawn(listener.run, stop), gevent.spawn(poller.poll, stop)]
+    try:
+        assert listener.listening.wait(10)
+        gevent.sleep(0.2)  # the poller is now idle in its 60 s wait
+        done = run_python(
+            "import psycopg2, time\n"
+            "from lib.insert import insert\n"
+            f"conn = psycopg2.connect({database_url!r})\n"
+            "insert(conn, 'q', 'q.N')\n"
+            "conn.commit()\n"
+            "print(time.time())\n"
+        )
+        assert done.returncode == 0, done.stderr
+        committed = float(done.stdout)
+        _wait(lambda: started, timeout=10)
+        assert started[0] - committed < 5.0  # generous: the fallback poll is 60 s away
+    finally:
+        stop.set()
+        poller.wake()
+        gevent.joinall(greenlets, timeout=5)
+        gevent.killall(greenlets)
+
+
+def test_set_based_enqueue_wakes_once(db, listening):
+    _, recorder = listening
+    db.exec("INSERT INTO jobs (queue, name) SELECT 'bulk', 'bulk.N' FROM generate_series(1, 500)")
+    _wait(lambda: recorder.woken)
+    gevent.sleep(0.3)  # anything more would have arrived by now
+    assert recorder.woken == ["bulk"]
+
+
+def test_plain_insert_and_finish_both_wake(db, listening):
+    _, recorder = listening
+    db.exec("INSERT INTO jobs (queue, name) VALUES ('plain', 'plain.N')")
+    _wait(lambda: recorder.woken == ["plain"])
+    # The job leaving started frees the queue's slot for another process.
+    Poller("plain", db, {"plain.N": lambda job: "ok"}).work_once()
+    _wait(lambda: recorder.woken.count("plain") == 2)
+
+
+def test_rows_that_stay_unwoken_do_not_notify(db, listening):
+    _, recorder = listening
+    job_id = insert(db, "x", "x.N")
+    _wait(lambda: recorder.woken == ["x"])
+    db.exec("UPDATE jobs SET priority = 5 WHERE id = %s", (job_id,))
+    db.exec("UPDATE jobs SET last_error = 'note' WHERE id = %s", (job_id,))
+    gevent.sleep(0.3)
+    assert recorder.woken == ["x"]
+
+
+def test_listener_recovers_after_its_connection_is_killed(db, listening, database_url):
+    listener, recorder = listening
+    assert recorder.all == 1
+    db.exec(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+        "WHERE application_name = 'jobs-listener' AND datname = current_database()"
+    )
+    insert(db, "deaf", "deaf.N")  # enqueued while nobody listens
+    _wait(lambda: listener.connections == 2)
+    # On reconnecting it wakes every poller, so the row written while deaf is worked.
+    assert recorder.all == 2
+    insert(db, "after", "after.N")
+    _wait(lambda: "after" in recorder.woken)
