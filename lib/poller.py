@@ -57,6 +57,17 @@ class UnknownJob(Exception):
     """No handler of this queue has the job's name."""
 
 
+class Snooze(Exception):
+    """Raised by a handler that cannot do its work yet (its API's rate limit is
+    exhausted, say): the job returns to pending for `seconds`, the attempt is
+    not counted, nothing is reported, and the status says why."""
+
+    def __init__(self, seconds: float, status: str) -> None:
+        super().__init__(status)
+        self.seconds = max(0.0, seconds)
+        self.status = status
+
+
 class BadStatus(Exception):
     """The handler returned something that is not an ok/fail/skip status."""
 
@@ -66,6 +77,7 @@ class Outcome:
     status: str  # what the job reached, as the log and the throttle see it
     error: BaseException | None = None
     retry_in: float | None = None  # seconds until the retry, when one is due
+    counted: bool = True  # whether this attempt counts against max_attempts
 
     @property
     def stored(self) -> str:
@@ -257,6 +269,8 @@ class Poller:
     def _outcome(self, job: PendingJob, result: str | BaseException) -> Outcome:
         if isinstance(result, str):
             return Outcome(result)
+        if isinstance(result, Snooze):
+            return Outcome(result.status, retry_in=result.seconds, counted=False)
         capture(result, queue=self.queue, job=job.name, job_id=job.id, callsite=job.callsite)
         text = st.err(f"{type(result).__name__}: {result}" if str(result) else type(result).__name__)
         retry_in = backoff(job.attempts) if job.attempts < job.max_attempts else None
@@ -281,8 +295,12 @@ class Poller:
             "attempts": job.attempts,
             "status": outcome.stored,
             "retry_in": outcome.retry_in,
-            "last_error": outcome.status if outcome.error or outcome.status == st.INTERRUPTED else None,
+            # Kept for anything that did not end well or is coming back.
+            "last_error": outcome.status
+            if outcome.retry_in is not None or st.kind(outcome.status) is st.Kind.ERR
+            else None,
             "delay": delay,
+            "uncounted": 0 if outcome.counted else 1,
         }
         tags = {"queue": self.queue, "job": job.name, "job_id": job.id, "callsite": job.callsite}
         for attempt in (1, 2):

@@ -53,6 +53,24 @@ def err(reason: str) -> str:
     return _build("err", reason)
 
 
+RATE_LIMITED = "skip: rate limited"
+
+
+def rate_limited(wait: float, detail: str) -> str:
+    """A job that found its API's limit exhausted and comes back after wait
+    seconds. A skip, never a fault: it is not counted as an error, and the
+    queue's throttle reads the wait back with rate_limit_wait()."""
+    return _build("skip", f"rate limited, resets in {max(0, round(wait))}s: {detail}")
+
+
+def rate_limit_wait(status: str) -> float | None:
+    """The seconds a rate_limited() status says to wait; None for any other status."""
+    if not status.startswith(RATE_LIMITED + ", resets in "):
+        return None
+    number = status[len(RATE_LIMITED + ", resets in ") :].split("s", 1)[0]
+    return float(number) if number.isdigit() else None
+
+
 def kind(status: str) -> Kind:
     """The kind of any status string; ValueError for one outside the vocabulary."""
     if status in (PENDING, STARTED, "ok"):

@@ -17,3 +17,12 @@ WHERE queue = %(queue)s AND paused_until IS NOT NULL
 -- Queues paused now, with why and until when.
 SELECT queue, pause_reason, paused_until FROM job_queues
 WHERE paused_until > now() ORDER BY queue
+
+-- name: queue_pause_once
+-- Pause a queue unless it is paused already; a row back means this call paused it.
+INSERT INTO job_queues (queue, paused_until, pause_reason)
+VALUES (%(queue)s, %(until)s, %(reason)s)
+ON CONFLICT (queue) DO UPDATE
+SET paused_until = excluded.paused_until, pause_reason = excluded.pause_reason
+WHERE job_queues.paused_until IS NULL OR job_queues.paused_until <= now()
+RETURNING queue

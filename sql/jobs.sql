@@ -66,6 +66,8 @@ WITH done AS (
       run_at = CASE WHEN %(retry_in)s::float8 IS NULL THEN run_at
                     ELSE now() + make_interval(secs => %(retry_in)s::float8) END,
       last_error = coalesce(%(last_error)s, last_error),
+      -- An attempt that did not count (a snooze) gives its allowance back.
+      max_attempts = max_attempts + %(uncounted)s,
       lease_until = NULL, slot = NULL
   WHERE id = %(id)s AND worker_id = %(worker_id)s AND attempts = %(attempts)s
     AND status IN ('started', %(status)s)

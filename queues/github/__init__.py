@@ -1,0 +1,59 @@
+"""The github queue: fetch repository metadata and user profiles."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from lib import status
+from lib.api_queue import make_api_worker, throttle_for
+from lib.args import unmarshal_args
+from lib.clients import GitHubClient
+from lib.clients.base import NotFoundError
+from lib.db import DB
+from lib.poller import PendingJob, Poller
+from lib.sql import Q
+
+# GitHub allows 5,000 requests an hour to an authenticated user: one job, one
+# request, so 83 a minute stays inside it.
+throttle = throttle_for(5000 / 60)
+
+
+@dataclass
+class FetchRepoArgs:
+    owner: str
+    repo: str
+
+
+@dataclass
+class FetchUserArgs:
+    login: str
+
+
+def fetch_repo(db: DB, client: GitHubClient, job: PendingJob) -> str:
+    args = unmarshal_args(FetchRepoArgs, job.args)
+    try:
+        data = client.get_repo(args.owner, args.repo)
+    except NotFoundError:
+        return status.fail(f"no repository {args.owner}/{args.repo}")
+    db.exec(
+        Q.github_repo_upsert,
+        {"full_name": data.get("full_name", f"{args.owner}/{args.repo}"), "data": json.dumps(data)},
+    )
+    return status.ok(data.get("full_name"))
+
+
+def fetch_user(db: DB, client: GitHubClient, job: PendingJob) -> str:
+    args = unmarshal_args(FetchUserArgs, job.args)
+    try:
+        data = client.get_user(args.login)
+    except NotFoundError:
+        return status.fail(f"no user {args.login}")
+    db.exec(Q.github_user_upsert, {"login": data.get("login", args.login), "data": json.dumps(data)})
+    return status.ok(args.login)
+
+
+def make_worker(db: DB, client: GitHubClient | None = None, **options: Any) -> Poller:
+    handlers = {"github.FetchRepo": fetch_repo, "github.FetchUser": fetch_user}
+    return make_api_worker("github", db, client, GitHubClient, handlers, throttle, **options)

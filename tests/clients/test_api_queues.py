@@ -1,0 +1,204 @@
+"""The API queues end to end: a real poller, a real database, and a loopback
+server speaking the API's contract."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from conftest import NOW, TOKEN
+from gevent.event import Event
+
+from lib import status as st
+from lib.clients import ApolloClient, GitHubClient, SlackClient
+from lib.insert import insert
+from lib.queue_state import AUTH_PREFIX, pause, paused
+from queues import anthropic, apollo, github, slack
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _stopped() -> Event:
+    event = Event()
+    event.set()
+    return event
+
+
+# A stop that is already set: the poller skips its local throttle pause (the
+# queue-wide pause is still written), so a test does not sit out a reset.
+STOPPED = _stopped()
+
+
+@pytest.fixture(autouse=True)
+def clean(db):
+    db.exec("TRUNCATE job_queues, github_repos, apollo_organizations, slack_posts")
+
+
+def _apollo(db, fake_api, **options):
+    client = ApolloClient(TOKEN, base_url=fake_api.url + "/api/v1", now=lambda: NOW)
+    return apollo.make_worker(db, client, now=lambda: NOW, **options)
+
+
+def test_github_repo_is_fetched_and_stored(db, fake_api):
+    client = GitHubClient(TOKEN, base_url=fake_api.url, now=lambda: NOW)
+    fake_api.reply(200, {"full_name": "octo/hello", "stargazers_count": 7}, {"x-ratelimit-remaining": "4999"})
+    insert(db, "github", "github.FetchRepo", {"owner": "octo", "repo": "hello"})
+    assert github.make_worker(db, client).work_once() == "ok: octo/hello"
+    assert fake_api.last.path == "/repos/octo/hello"
+    assert db.query("SELECT full_name, data->>'stargazers_count' FROM github_repos") == [("octo/hello", "7")]
+
+
+def test_missing_repo_is_a_fail_not_a_fault(db, fake_api, sentry_events):
+    client = GitHubClient(TOKEN, base_url=fake_api.url, now=lambda: NOW)
+    fake_api.reply(404, {"message": "Not Found"})
+    insert(db, "github", "github.FetchRepo", {"owner": "octo", "repo": "gone"})
+    assert github.make_worker(db, client).work_once() == "fail: no repository octo/gone"
+    assert sentry_events == []
+
+
+def test_rate_limit_sends_the_job_back_until_the_reset(db, fake_api, sentry_events):
+    fake_api.reply(429, {"error": "rate limited"}, {"retry-after": "37"})
+    job_id = insert(db, "apollo", "apollo.EnrichOrganization", {"domain": "apollo.io"})
+    result = _apollo(db, fake_api).work_once(stop=STOPPED)  # skip the local 37 s pause
+    assert result.startswith("skip: rate limited, resets in 37s: GET /organizations/enrich -> 429")
+    assert st.kind(result) is st.Kind.SKIP  # not counted as a fault
+    assert sentry_events == []
+    row = db.query_row(
+        "SELECT status, attempts, max_attempts, run_at > now() + interval '30 seconds', last_error FROM jobs WHERE id = %s",
+        (job_id,),
+    )
+    assert row == ("pending", 1, 2, True, result)  # back later, and the attempt does not count
+    # The queue itself is held back for every process until the reset.
+    (wait,) = db.query_row("SELECT extract(EPOCH FROM next_claim_at - now()) FROM job_queues WHERE queue = 'apollo'")
+    assert 30 < wait <= 37
+
+
+def test_throttles_are_pure_functions():
+    limited = st.rate_limited(37, "GET /x -> 429: slow down")
+    assert apollo.throttle(limited, None, 0.1) == 37
+    assert apollo.throttle("ok", None, 0.1) == pytest.approx(0.3)  # 150 a minute: 0.4 s a job
+    assert apollo.throttle("ok", None, 2.0) == 0
+    assert apollo.throttle("err: boom", ValueError(), 0.0) == pytest.approx(0.4)
+    assert slack.throttle("ok", None, 0.25) == pytest.approx(0.75)
+    assert github.throttle("ok", None, 0.0) == pytest.approx(0.72)
+    assert anthropic.throttle(st.rate_limited(5, "x"), None, 0.0) == 5
+    assert anthropic.throttle("ok", None, 0.0) == pytest.approx(1.2)
+    assert st.rate_limit_wait("skip: nothing to do") is None
+
+
+def test_two_401s_in_a_row_pause_the_queue_once_and_report_once(db, fake_api, sentry_events):
+    """Two workers each hold a job when the token is rejected: one pause, one event."""
+    fake_api.reply(401, {"error": "invalid api key"})
+    fake_api.reply(401, {"error": "invalid api key"})
+    first = _apollo(db, fake_api, concurrency=2)
+    second = _apollo(db, fake_api, concurrency=2)
+    second.worker_id = "another-process"
+    insert(db, "apollo", "apollo.EnrichOrganization", {"domain": "a.io"})
+    insert(db, "apollo", "apollo.EnrichOrganization", {"domain": "b.io"})
+    jobs = [first.claim(slot=0), second.claim(slot=1)]
+    assert all(jobs)
+    results = [first.run(jobs[0], slot=0, stop=STOPPED), second.run(jobs[1], slot=1, stop=STOPPED)]
+    assert all(r.startswith("skip: token rejected, queue paused") for r in results)
+    assert len(sentry_events) == 1
+    [(queue, reason, until)] = paused(db)
+    assert queue == "apollo" and reason.startswith(AUTH_PREFIX)
+    assert until == NOW + timedelta(hours=1)
+    # Both jobs wait for the pause to end; neither is lost.
+    assert db.query("SELECT status FROM jobs") == [("pending",), ("pending",)]
+
+
+def test_slack_posts_once_even_when_run_again(db, fake_api):
+    client = SlackClient(TOKEN, base_url=fake_api.url, now=lambda: NOW)
+    fake_api.reply(200, {"ok": True, "channel": "C1", "ts": "1700000000.000100"})
+    job_id = insert(db, "slack", "slack.PostMessage", {"channel": "C1", "text": "deployed"}, max_attempts=2)
+    worker = slack.make_worker(db, client)
+    assert worker.work_once() == "ok: 1700000000.000100"
+    assert fake_api.last.json() == {"channel": "C1", "text": "deployed"}
+    # As if the job were rescued and run again: it does not post a second time.
+    db.exec("UPDATE jobs SET status = 'pending' WHERE id = %s", (job_id,))
+    assert worker.work_once() == "skip: already posted"
+    assert len(fake_api.received) == 1
+
+
+def test_slack_invalid_auth_on_http_200_pauses(db, fake_api, sentry_events):
+    client = SlackClient(TOKEN, base_url=fake_api.url, now=lambda: NOW)
+    fake_api.reply(200, {"ok": False, "error": "invalid_auth"})
+    insert(db, "slack", "slack.PostMessage", {"channel": "C1", "text": "hi"})
+    result = slack.make_worker(db, client, now=lambda: NOW).work_once(stop=STOPPED)
+    assert result.startswith("skip: token rejected")
+    assert [q for q, _, _ in paused(db)] == ["slack"]
+    assert len(sentry_events) == 1
+
+
+def test_anthropic_answer_is_stored(db, fake_api):
+    from lib.clients import AnthropicClient
+
+    client = AnthropicClient(TOKEN, base_url=fake_api.url, now=lambda: NOW)
+    fake_api.reply(
+        200,
+        {
+            "id": "msg_1",
+            "type": "message",
+            "role": "assistant",
+            "model": "claude-sonnet-4-5",
+            "content": [{"type": "text", "text": "Paris."}],
+            "stop_reason": "end_turn",
+            "usage": {"input_tokens": 12, "output_tokens": 3},
+        },
+    )
+    insert(db, "anthropic", "anthropic.Ask", {"key": "capital-fr", "prompt": "Capital of France?"})
+    assert anthropic.make_worker(db, client).work_once() == "ok: capital-fr"
+    assert fake_api.last.json()["messages"] == [{"role": "user", "content": "Capital of France?"}]
+    assert db.query("SELECT answer FROM anthropic_answers WHERE key = 'capital-fr'") == [("Paris.",)]
+
+
+def test_anthropic_overloaded_sends_the_job_back(db, fake_api, sentry_events):
+    from lib.clients import AnthropicClient
+
+    client = AnthropicClient(TOKEN, base_url=fake_api.url, now=lambda: NOW)
+    fake_api.reply(529, {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}})
+    insert(db, "anthropic", "anthropic.Ask", {"key": "k", "prompt": "p"})
+    result = anthropic.make_worker(db, client, now=lambda: NOW).work_once(stop=STOPPED)
+    assert result.startswith("skip: rate limited, resets in 60s")
+    assert sentry_events == []
+
+
+def test_worker_without_tokens_starts_and_says_which_queues_are_off(db, database_url):
+    """The real worker.py and registry: no token is set, so the API queues are
+    off and said so once; the rest run. Starting also ends an auth pause."""
+    pause(db, "caches", AUTH_PREFIX + "left over")
+    env = {k: v for k, v in os.environ.items() if not k.endswith(("_TOKEN", "_API_KEY"))}
+    proc = subprocess.Popen(
+        [sys.executable, "worker.py"],
+        cwd=ROOT,
+        env={**env, "DATABASE_URL": database_url},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not paused(db) == [] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, out
+    for queue, var in [
+        ("github", "GITHUB_TOKEN"),
+        ("slack", "SLACK_BOT_TOKEN"),
+        ("anthropic", "ANTHROPIC_API_KEY"),
+        ("apollo", "APOLLO_API_KEY"),
+    ]:
+        assert out.count(f"queue={queue} is off: {var} is not set") == 1, out
+    assert "running 2 queues: caches, maintenance" in out
+    assert "Traceback" not in out
+    assert paused(db) == []
