@@ -20,6 +20,7 @@ monkey.patch_all()
 
 import argparse
 import cProfile
+import importlib.util
 import io
 import json
 import logging
@@ -63,8 +64,9 @@ POOL_BUFFER = 4
 # Every job is enqueued before timing starts, so a poller only waits once its
 # queue has drained, and setting stop wakes it from that wait.
 POLL_INTERVAL = 5.0
-# A phase that stalls (a bug, a lock) is reported as incomplete, not waited on forever.
-PHASE_TIMEOUT = 600.0
+# A phase that stops making progress (a bug, a lock, a claim that keeps failing
+# and retrying) is reported as incomplete, not waited on forever.
+STALL_SECONDS = 30.0
 # Auto-sized runs aim at this many seconds per phase at the target rate.
 AUTO_SECONDS = 10.0
 INSERT_CHUNK = 10_000
@@ -148,11 +150,14 @@ class CommitRate:
 
 
 def pgbench_binary() -> str:
-    import pgserver  # the bundled one first: it is there whenever the embedded server is
-
-    bundled = Path(pgserver.__file__).parent / "pginstall" / "bin" / "pgbench"
-    if bundled.exists():
-        return str(bundled)
+    """pgserver's own pgbench first: it is there whenever the embedded server is.
+    Found without importing pgserver, whose import warns on machines without
+    XDG_RUNTIME_DIR."""
+    spec = importlib.util.find_spec("pgserver")
+    if spec is not None and spec.origin is not None:
+        bundled = Path(spec.origin).parent / "pginstall" / "bin" / "pgbench"
+        if bundled.exists():
+            return str(bundled)
     found = shutil.which("pgbench")
     if found is None:
         raise SystemExit("no pgbench: neither pgserver's nor one on PATH")
@@ -214,9 +219,10 @@ class Phase:
     # Where a job's time goes. Server transactions are every statement our
     # pool committed (autocommit: one statement, one transaction), pings included.
     server_xacts_per_job: float | None = None
-    client_cpu_ms_per_job: float = 0.0
-    server_cpu_ms_per_job: float | None = None  # the pool's backends only; local servers
-    wall_ms_per_job: float = 0.0
+    # None when no job ran, or (server cpu) for a server not on this machine.
+    client_cpu_ms_per_job: float | None = None
+    server_cpu_ms_per_job: float | None = None  # the pool's backends only
+    wall_ms_per_job: float | None = None
     complete: bool = False
     error: str | None = None
 
@@ -286,12 +292,18 @@ class ServerMeter:
             return [row[0] for row in cur.fetchall()]
 
     def xacts(self) -> int:
-        """Committed and rolled back transactions of the database. Backends
-        flush these counters when they exit, so read this with no backend left."""
+        """Committed and rolled back transactions of the database. A backend
+        reports its last counts as it exits, a moment after it has left
+        pg_stat_activity: wait for no backend, then for the count to settle."""
         deadline = time.monotonic() + 10
         while self.backends() and time.monotonic() < deadline:
             time.sleep(0.05)
-        return int(self._one("SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = %(db)s"))
+        sql = "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = %(db)s"
+        count, previous = int(self._one(sql)), -1
+        while count != previous and time.monotonic() < deadline:
+            time.sleep(0.2)
+            count, previous = int(self._one(sql)), count
+        return count
 
     def cpu_seconds(self, pids: list[int]) -> float | None:
         """utime + stime of the given postgres processes, when they are on this
@@ -306,6 +318,20 @@ class ServerMeter:
                 return None
             total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15 of stat)
         return total / self.ticks
+
+
+def wait_for_jobs(countdown: Countdown, crashed: Event) -> str | None:
+    """None once every job ran; else why the wait ended early."""
+    progress, since = -1, time.monotonic()
+    while not countdown.done.is_set():
+        if crashed.is_set():
+            return "a poller crashed"
+        if countdown.count != progress:
+            progress, since = countdown.count, time.monotonic()
+        elif time.monotonic() - since > STALL_SECONDS:
+            return f"no job finished for {STALL_SECONDS:g} s (see the log above)"
+        gevent.wait([countdown.done, crashed], timeout=1.0, count=1)
+    return None
 
 
 def run_phase(url: str, meter: ServerMeter, queues: list[str], total: int, profile: bool) -> Phase:
@@ -330,7 +356,7 @@ def run_phase(url: str, meter: ServerMeter, queues: list[str], total: int, profi
         crashed = Event()
         for g in greenlets:
             g.link_exception(lambda _g: crashed.set())
-        gevent.wait([countdown.done, crashed], timeout=PHASE_TIMEOUT, count=1)
+        stalled = wait_for_jobs(countdown, crashed)
         stop.set()
         # Joined before the clock stops: the last job's finalize is part of the run.
         gevent.joinall(greenlets, timeout=60)
@@ -339,25 +365,29 @@ def run_phase(url: str, meter: ServerMeter, queues: list[str], total: int, profi
             profiler.disable()
         server_cpu_after = meter.cpu_seconds(pids)
 
-        phase.done = countdown.count
+        phase.done = done = countdown.count
         phase.seconds = elapsed
-        phase.jobs_per_s = countdown.count / elapsed
-        phase.wall_ms_per_job = 1000 * elapsed / max(countdown.count, 1)
-        phase.client_cpu_ms_per_job = 1000 * cpu / max(countdown.count, 1)
-        if server_cpu_before is not None and server_cpu_after is not None:
-            phase.server_cpu_ms_per_job = 1000 * (server_cpu_after - server_cpu_before) / max(countdown.count, 1)
+        phase.jobs_per_s = done / elapsed
+        if done:
+            phase.wall_ms_per_job = 1000 * elapsed / done
+            phase.client_cpu_ms_per_job = 1000 * cpu / done
+            if server_cpu_before is not None and server_cpu_after is not None:
+                phase.server_cpu_ms_per_job = 1000 * (server_cpu_after - server_cpu_before) / done
         failures = [g.exception for g in greenlets if g.exception is not None]
         if failures:
             phase.error = f"{type(failures[0]).__name__}: {failures[0]}"
+        elif stalled:
+            phase.error = stalled
         phase.statuses = dict(db.query("SELECT status, count(*) FROM jobs GROUP BY status ORDER BY status"))
-        phase.complete = phase.statuses == {"ok": total} and not failures
+        phase.complete = phase.statuses == {"ok": total} and phase.error is None
         if profiler:
             print_profile(profiler, len(queues))
     finally:
         db.close()
     # Less the pool's own setup: DB.connect's SELECT 1, warm()'s statements, the status count.
     setup_xacts = 1 + db.size + 1
-    phase.server_xacts_per_job = (meter.xacts() - xacts_before - setup_xacts) / max(phase.done, 1)
+    if phase.done:
+        phase.server_xacts_per_job = (meter.xacts() - xacts_before - setup_xacts) / phase.done
     return phase
 
 
@@ -372,6 +402,23 @@ def print_profile(profiler: cProfile.Profile, queues: int) -> None:
 # ---------------------------------------------------------------- report
 
 
+def revision() -> dict[str, Any] | None:
+    """The commit measured, and whether the code under it had local changes:
+    a number means little without the code it came from."""
+    try:
+        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+        changes = subprocess.run(
+            ["git", "-C", str(ROOT), "status", "--porcelain", "--", "lib", "sql", "worker.py"],
+            capture_output=True,
+            text=True,
+        )
+    except OSError:
+        return None
+    if head.returncode != 0:
+        return None
+    return {"commit": head.stdout.strip(), "local_changes": bool(changes.stdout.strip())}
+
+
 def auto_jobs(commit_tps: float, queues: int) -> int:
     """About AUTO_SECONDS of work at the target rate, a multiple of the queue count."""
     jobs = int(commit_tps * TARGET_RATIO * AUTO_SECONDS)
@@ -379,7 +426,9 @@ def auto_jobs(commit_tps: float, queues: int) -> int:
     return -(-jobs // queues) * queues
 
 
-def report(server: Server, rate: CommitRate, phases: list[Phase], jobs: int) -> dict[str, Any]:
+def report(
+    server: Server, rate: CommitRate, phases: list[Phase], options: dict[str, Any], load_at_start: float
+) -> dict[str, Any]:
     one = phases[0]
     return {
         "timestamp": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -389,9 +438,16 @@ def report(server: Server, rate: CommitRate, phases: list[Phase], jobs: int) -> 
             "version": server.version,
             **server.settings,
         },
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        "revision": revision(),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            # Other work on the machine shows here first; a busy machine makes every number noisy.
+            "load_average_1m": {"start": load_at_start, "end": round(os.getloadavg()[0], 2)},
+        },
+        "options": options,
         "commit_rate": asdict(rate),
-        "jobs": jobs,
         "phases": [asdict(p) for p in phases],
         "target": {
             "ratio": TARGET_RATIO,
@@ -413,20 +469,31 @@ def print_table(result: dict[str, Any]) -> None:
         f"settings     synchronous_commit={server['synchronous_commit']} fsync={server['fsync']}"
         f" wal_sync_method={server['wal_sync_method']} ssl={server['ssl']}"
     )
+    rev = result["revision"]
+    if rev:
+        dirty = " with uncommitted changes to lib/, sql/ or worker.py" if rev["local_changes"] else ""
+        print(f"code         commit {rev['commit']}{dirty}")
     print(f"pgbench      {rate['version']}, -c 1 -j 1 -T {rate['seconds']}, one single-row UPDATE per commit")
+    machine = result["machine"]
+    load = machine["load_average_1m"]
+    print(f"machine      {machine['cpus']} cpus, load average {load['start']} at start, {load['end']} at end")
     print()
-    print(f"{'measure':<22}{'rate/s':>10}{'× commit':>10}{'ms/job':>9}{'client cpu':>12}{'server cpu':>12}{'xacts/job':>11}")
-    print(f"{'commit rate (tx)':<22}{rate['tps']:>10.0f}{1:>10.2f}{1000 / rate['tps']:>9.3f}")
+    columns = ("rate/s", "ratio", "ms each", "client cpu", "server cpu", "xacts/job")
+    print(f"{'measure':<20}" + "".join(f"{c:>11}" for c in columns))
+    print(f"{'commit rate (tx)':<20}{rate['tps']:>11.0f}{1:>11.2f}{1000 / rate['tps']:>11.3f}")
     for p in result["phases"]:
         label = "1 queue (jobs)" if p["queues"] == 1 else f"{p['queues']} queues (jobs)"
         xacts = "n/a" if p["server_xacts_per_job"] is None else f"{p['server_xacts_per_job']:.2f}"
         print(
-            f"{label:<22}{p['jobs_per_s']:>10.0f}{p['ratio']:>10.2f}{p['wall_ms_per_job']:>9.3f}"
-            f"{_ms(p['client_cpu_ms_per_job']):>12}{_ms(p['server_cpu_ms_per_job']):>12}{xacts:>11}"
+            f"{label:<20}{p['jobs_per_s']:>11.0f}{p['ratio']:>11.2f}{_ms(p['wall_ms_per_job']):>11}"
+            f"{_ms(p['client_cpu_ms_per_job']):>11}{_ms(p['server_cpu_ms_per_job']):>11}{xacts:>11}"
         )
         if not p["complete"]:
             print(f"  INCOMPLETE: {p['done']}/{p['jobs']} jobs ran, statuses {p['statuses']}, error {p['error']}")
-    print("(cpu columns: ms per job of this Python process, and of the pool's server backends)")
+    if result["options"]["profile"]:
+        print("PROFILED: cProfile slows the worker; these rates are not comparable with a plain run")
+    print("(ratio: to the commit rate; ms each: wall time per commit or job;")
+    print(" cpu: ms per job of this process and of the pool's server backends; xacts: server transactions per job)")
     target = result["target"]
     verdict = "MET" if target["met"] else "NOT MET"
     print(
@@ -476,6 +543,7 @@ def setup_logging(log_jobs: bool) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     setup_logging(args.log_jobs)
+    load_at_start = round(os.getloadavg()[0], 2)
     server = get_server()
     admin = admin_connect(server.url)
     describe(admin, server)
@@ -492,7 +560,7 @@ def main(argv: list[str] | None = None) -> int:
         jobs = args.jobs or auto_jobs(rate.tps, args.queues)
         meter = ServerMeter(admin, name)
         phases = []
-        for count in (1, args.queues):
+        for count in [1] + ([args.queues] if args.queues > 1 else []):
             print(f"{jobs} no-op jobs through {count} queue(s) ...", flush=True)
             phase = run_phase(url, meter, queue_names(count), jobs, args.profile)
             phase.ratio = phase.jobs_per_s / rate.tps
@@ -500,8 +568,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         drop_database(admin, name)
         admin.close()
-    result = report(server, rate, phases, jobs)
-    result["log_jobs"] = args.log_jobs
+    options = {"jobs": jobs, "queues": args.queues, "log_jobs": args.log_jobs, "profile": args.profile}
+    result = report(server, rate, phases, options, load_at_start)
     print_table(result)
     print(f"\nsaved {save(result).relative_to(ROOT)}")
     return 0

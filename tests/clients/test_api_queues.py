@@ -184,7 +184,7 @@ def test_worker_without_tokens_starts_and_says_which_queues_are_off(db, database
     )
     try:
         deadline = time.monotonic() + 30
-        while not paused(db) == [] and time.monotonic() < deadline:
+        while paused(db) and time.monotonic() < deadline:
             time.sleep(0.1)
         time.sleep(1.0)
         proc.send_signal(signal.SIGTERM)
