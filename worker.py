@@ -8,11 +8,13 @@ import os  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
 from collections.abc import Callable, Sequence  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 import gevent  # noqa: E402
 from gevent.event import Event  # noqa: E402
 
-from lib import embedded, errors  # noqa: E402
+from lib import embedded, errors, registry_check  # noqa: E402
+from lib.clock import Clock, Scheduled  # noqa: E402
 from lib.db import DB  # noqa: E402
 from lib.errors import Outage  # noqa: E402
 from lib.leases import LEASE_SECONDS, Leases  # noqa: E402
@@ -36,9 +38,15 @@ LEASE = float(os.environ.get("JOBS_LEASE_SECONDS", LEASE_SECONDS))
 RESTART_DELAY = 5.0
 
 
-def main(registry: Registry, argv: Sequence[str] | None = None) -> int:
+def main(registry: Registry, argv: Sequence[str] | None = None, schedule: Sequence[Scheduled] = ()) -> int:
     parser = argparse.ArgumentParser(description="Run the jobs worker.")
-    parser.add_argument("command", nargs="?", default="run", choices=["run", "migrate"])
+    parser.add_argument(
+        "command",
+        nargs="?",
+        default="run",
+        choices=["run", "migrate", "check"],
+        help="run the worker (default); apply migrations and exit; check that every job written has a worker",
+    )
     parser.add_argument(
         "--shutdown-window",
         type=float,
@@ -51,13 +59,16 @@ def main(registry: Registry, argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
     errors.init()
+    if args.command == "check":
+        # Needs no database: it reads the code, the SQL files and the schedule.
+        return registry_check.main(list(registry), list(schedule), Path(__file__).resolve().parent)
     url = embedded.database_url()
     db = DB.connect(url, size=len(registry) + POOL_BUFFER)
     try:
         migrate(db)
         if args.command == "migrate":
             return 0
-        return run(db, registry, shutdown_window=args.shutdown_window)
+        return run(db, registry, shutdown_window=args.shutdown_window, schedule=schedule)
     finally:
         db.close()
 
@@ -68,6 +79,7 @@ def run(
     *,
     shutdown_window: float = SHUTDOWN_WINDOW,
     lease: float = LEASE,
+    schedule: Sequence[Scheduled] = (),
     stop: Event | None = None,
 ) -> int:
     """One greenlet per poller until SIGTERM/SIGINT (or stop); then stop
@@ -94,6 +106,8 @@ def run(
         gevent.signal_handler(signum, stop.set)
 
     helpers = [gevent.spawn(leases.run, stop), gevent.spawn(listener.run, stop)]
+    if schedule:
+        helpers.append(gevent.spawn(Clock(db, list(schedule)).run, stop))
     greenlets = [gevent.spawn(_supervise, p, stop) for p in pollers]
     log.info("worker %s running %d queues: %s", leases.worker_id, len(pollers), ", ".join(p.queue for p in pollers))
     stop.wait()
@@ -156,5 +170,6 @@ def _supervise(poller: Poller, stop: Event) -> None:
 
 if __name__ == "__main__":
     from queues import REGISTRY
+    from queues.schedule import SCHEDULE
 
-    sys.exit(main(REGISTRY))
+    sys.exit(main(REGISTRY, schedule=SCHEDULE))

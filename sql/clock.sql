@@ -1,0 +1,27 @@
+-- Named queries of the clock, which enqueues the scheduled jobs (lib/clock.py).
+
+-- name: clock_fire
+-- Enqueue one scheduled job for one minute: once per (name, minute) across all clocks, none while a copy is pending.
+WITH tick AS (
+  INSERT INTO clock_ticks (name, minute) VALUES (%(name)s, %(minute)s)
+  ON CONFLICT DO NOTHING
+  RETURNING name
+), job AS (
+  INSERT INTO jobs (queue, name, args, callsite)
+  SELECT %(queue)s, %(name)s, %(args)s::jsonb, %(callsite)s
+  FROM tick
+  WHERE NOT EXISTS (
+    SELECT 1 FROM jobs WHERE queue = %(queue)s AND name = %(name)s AND status = 'pending'
+  )
+  ON CONFLICT DO NOTHING
+  RETURNING id
+)
+SELECT (SELECT count(*) FROM tick)::int AS ticked, (SELECT id FROM job) AS id
+
+-- name: clock_last_fired
+-- The latest minute any clock acted on for a scheduled job; NULL when none is kept.
+SELECT max(minute) FROM clock_ticks WHERE name = %(name)s
+
+-- name: clock_prune
+-- Forget the minutes before the cut-off; catch-up never looks back more than a day.
+DELETE FROM clock_ticks WHERE minute < %(before)s

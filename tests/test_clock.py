@@ -1,0 +1,336 @@
+import logging
+from datetime import UTC, datetime, timedelta, timezone
+
+import gevent
+import pytest
+from gevent.event import Event
+from tests_support import count_jobs
+
+from lib.clock import Clock, Scheduled, daily, every, floor_minute, hourly, last_match, weekdays
+from lib.db import DB
+from lib.insert import insert
+
+# A Monday.
+MON = datetime(2026, 3, 2, tzinfo=UTC)
+
+
+def at(day: int, hour: int, minute: int, second: int = 0) -> datetime:
+    """A UTC time in the week of MON (day 0 is Monday)."""
+    return MON + timedelta(days=day, hours=hour, minutes=minute, seconds=second)
+
+
+@pytest.fixture
+def clock_db(db: DB):
+    db.exec("TRUNCATE clock_ticks")
+    return db
+
+
+def jobs(db: DB) -> list[tuple]:
+    return db.query("SELECT queue, name, args, callsite, status FROM jobs ORDER BY id")
+
+
+def ticks(db: DB, name: str) -> list[datetime]:
+    return [row[0] for row in db.query("SELECT minute FROM clock_ticks WHERE name = %s ORDER BY minute", (name,))]
+
+
+def finish_all(db: DB) -> None:
+    db.exec("UPDATE jobs SET status = 'ok', finished_at = now() WHERE status = 'pending'")
+
+
+# Cadences: pure, fixed datetimes.
+
+
+def test_every_counts_minutes_from_midnight():
+    quarter = every(15)
+    assert [m for m in range(60) if quarter(at(0, 5, m))] == [0, 15, 30, 45]
+    assert quarter(at(0, 0, 0, second=59))  # seconds do not matter
+    two_hours = every(120)
+    assert [h for h in range(24) if two_hours(at(0, h, 0))] == list(range(0, 24, 2))
+    assert not two_hours(at(0, 2, 1))
+    assert [m for m in range(1440) if every(1440)(at(0, 0, m))] == [0]
+    assert all(every(1)(at(3, h, m)) for h in range(24) for m in range(60))
+
+
+@pytest.mark.parametrize("minutes", [0, -5, 7, 45, 90, 100, 420, 1441, 2880, 1.5, True, "15"])
+def test_every_refuses_a_cadence_that_drifts_across_the_hour_or_the_day(minutes):
+    with pytest.raises(ValueError):
+        every(minutes)
+
+
+@pytest.mark.parametrize("minutes", [1, 2, 3, 4, 5, 6, 10, 12, 15, 20, 30, 60, 120, 180, 240, 360, 480, 720, 1440])
+def test_every_accepts_divisors_of_the_hour_and_hours_that_divide_the_day(minutes):
+    assert every(minutes)(at(0, 0, 0))
+
+
+def test_hourly_and_daily():
+    assert [m for m in range(60) if hourly(7)(at(2, 13, m))] == [7]
+    assert all(hourly(7)(at(2, h, 7)) for h in range(24))
+    cleanup = daily(3, 17)
+    assert [(h, m) for h in range(24) for m in range(60) if cleanup(at(4, h, m))] == [(3, 17)]
+
+
+@pytest.mark.parametrize(
+    ("make", "args"), [(hourly, (60,)), (hourly, (-1,)), (daily, (24, 0)), (daily, (0, 60)), (daily, (-1, 0))]
+)
+def test_out_of_range_cadences_fail_at_construction(make, args):
+    with pytest.raises(ValueError):
+        make(*args)
+
+
+def test_weekdays_is_monday_to_friday_and_the_inner_predicate():
+    nine = weekdays(daily(9, 0))
+    assert [d for d in range(7) if nine(at(d, 9, 0))] == [0, 1, 2, 3, 4]
+    assert not nine(at(0, 9, 1))
+    with pytest.raises(ValueError):
+        weekdays("09:00")  # type: ignore[arg-type]
+
+
+def test_predicates_read_the_utc_fields_of_an_aware_datetime():
+    # 22:17 UTC on Friday is 03:17 on Saturday in UTC+5.
+    plus5 = at(4, 22, 17).astimezone(timezone(timedelta(hours=5)))
+    assert daily(22, 17)(plus5) and not daily(3, 17)(plus5)
+    assert weekdays(hourly(17))(plus5)
+
+
+def test_floor_minute_and_last_match():
+    assert floor_minute(at(0, 3, 17, second=59).replace(microsecond=5)) == at(0, 3, 17)
+    with pytest.raises(ValueError):
+        floor_minute(datetime(2026, 3, 2, 3, 17))  # naive: which zone?
+    assert last_match(daily(3, 17), at(1, 3, 20)) == at(1, 3, 17)
+    assert last_match(daily(3, 17), at(1, 3, 17)) == at(0, 3, 17)  # strictly before
+    assert last_match(daily(3, 17), at(1, 3, 16)) == at(0, 3, 17)
+    assert last_match(every(15), at(0, 10, 14)) == at(0, 10, 0)
+    assert last_match(weekdays(daily(9, 0)), at(5, 10, 0)) is None  # Friday 09:00 is over a day back
+
+
+def test_a_bad_entry_fails_when_the_schedule_is_built():
+    with pytest.raises(ValueError):
+        Scheduled("", "x.Y", every(5))
+    with pytest.raises(ValueError):
+        Scheduled("x", " x.Y", every(5))
+    with pytest.raises(ValueError):
+        Scheduled("x", "x.Y", "*/5 * * * *")  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        Scheduled("x", "x.Y", every(5), args={"when": datetime.now(UTC)})  # not JSON
+    with pytest.raises(ValueError, match=r"more than once: x\.Y"):
+        Clock(None, [Scheduled("x", "x.Y", every(5)), Scheduled("x", "x.Y", hourly(3))])  # type: ignore[arg-type]
+
+
+# tick, against the database.
+
+
+def test_tick_enqueues_the_matching_entries_only(clock_db, caplog):
+    schedule = [
+        Scheduled("caches", "caches.Age", every(15)),
+        Scheduled("maintenance", "maintenance.CleanUpJobs", daily(3, 17)),
+        Scheduled("reports", "reports.Send", hourly(17), args={"to": "ops"}),
+    ]
+    clock = Clock(clock_db, schedule)
+    assert clock.tick(at(0, 3, 16)) == []
+    assert count_jobs(clock_db) == 0
+    with caplog.at_level(logging.INFO, logger="jobs.clock"):
+        ids = clock.tick(at(0, 3, 17, second=42))
+    assert len(ids) == 2
+    assert jobs(clock_db) == [
+        ("maintenance", "maintenance.CleanUpJobs", {}, "clock:maintenance.CleanUpJobs", "pending"),
+        ("reports", "reports.Send", {"to": "ops"}, "clock:reports.Send", "pending"),
+    ]
+    lines = [r.getMessage() for r in caplog.records if r.name == "jobs.clock"]
+    assert lines == [
+        f"clock job=maintenance.CleanUpJobs queue=maintenance id={ids[0]}",
+        f"clock job=reports.Send queue=reports id={ids[1]}",
+    ]
+    assert ticks(clock_db, "maintenance.CleanUpJobs") == [at(0, 3, 17)]
+    assert len(clock.tick(at(0, 3, 30))) == 1
+    assert count_jobs(clock_db, "name = 'caches.Age'") == 1
+
+
+def test_two_clocks_on_two_pools_enqueue_each_minute_once(clock_db, database_url):
+    schedule = [Scheduled("q", f"q.Job{n}", every(1)) for n in range(4)]
+    pools = [DB.connect(database_url, size=2) for _ in range(2)]
+    clocks = [Clock(pool, schedule) for pool in pools]
+    try:
+        for minute in range(15):
+            tick_at = at(0, 9, minute)
+            racers = [gevent.spawn(clock.tick, tick_at) for clock in clocks]
+            gevent.joinall(racers, raise_error=True, timeout=30)
+            ids = [job_id for racer in racers for job_id in racer.value]
+            assert len(ids) == len(set(ids)) == 4, minute
+            finish_all(clock_db)  # done, so the next minute's copy is not held back
+    finally:
+        for pool in pools:
+            pool.close()
+    assert clock_db.query("SELECT name, count(*) FROM jobs GROUP BY name ORDER BY name") == [
+        (f"q.Job{n}", 15) for n in range(4)
+    ]
+    assert clock_db.query_row("SELECT count(*) FROM clock_ticks")[0] == 60
+
+
+def test_no_enqueue_while_a_copy_is_pending(clock_db):
+    clock = Clock(clock_db, [Scheduled("caches", "caches.Age", every(15))])
+    first = clock.tick(at(0, 10, 0))
+    assert len(first) == 1
+    assert clock.tick(at(0, 10, 15)) == []  # the 10:00 copy still waits
+    assert count_jobs(clock_db) == 1
+    assert ticks(clock_db, "caches.Age") == [at(0, 10, 0), at(0, 10, 15)]  # the minute was still decided
+    clock_db.exec("UPDATE jobs SET status = 'started' WHERE id = %s", (first[0],))
+    second = clock.tick(at(0, 10, 30))  # a running copy does not hold the next one back
+    assert len(second) == 1
+    finish_all(clock_db)
+    insert(clock_db, "caches", "caches.Age", {"by": "hand"})  # any pending copy counts, whoever wrote it
+    assert clock.tick(at(0, 10, 45)) == []
+    finish_all(clock_db)
+    assert len(clock.tick(at(0, 11, 0))) == 1
+
+
+def test_missed_minutes_are_not_replayed_without_catch_up(clock_db):
+    schedule = [Scheduled("caches", "caches.Age", every(15)), Scheduled("m", "m.Daily", daily(3, 17))]
+    Clock(clock_db, schedule).tick(at(0, 3, 0))
+    finish_all(clock_db)
+    # Down from 03:01 to 03:40: 03:15 and 03:17 pass unseen.
+    restarted = Clock(clock_db, schedule)
+    assert restarted.tick(at(0, 3, 41)) == []
+    assert restarted.tick(at(0, 3, 44)) == []
+    assert len(restarted.tick(at(0, 3, 45))) == 1
+    assert count_jobs(clock_db, "name = 'm.Daily'") == 0
+
+
+def test_catch_up_fires_once_for_the_latest_missed_minute(clock_db):
+    quarter = Scheduled("caches", "caches.Age", every(15), catch_up=True)
+    cleanup = Scheduled("m", "m.Daily", daily(3, 17), catch_up=True)
+    # Monday's firings, then down from Monday 03:18 to Tuesday 03:50: many
+    # quarters and one 03:17 missed.
+    clock_db.exec("INSERT INTO clock_ticks VALUES ('caches.Age', %s), ('m.Daily', %s)", (at(0, 3, 15), at(0, 3, 17)))
+    restarted = Clock(clock_db, [quarter, cleanup])
+    ids = restarted.tick(at(1, 3, 50))
+    assert len(ids) == 2
+    assert ticks(clock_db, "caches.Age") == [at(0, 3, 15), at(1, 3, 45)]  # the latest missed minute only
+    assert ticks(clock_db, "m.Daily") == [at(0, 3, 17), at(1, 3, 17)]
+    assert [row[:2] for row in jobs(clock_db)] == [("caches", "caches.Age"), ("m", "m.Daily")]
+    finish_all(clock_db)
+    assert restarted.tick(at(1, 3, 51)) == []  # only on the first tick
+    # Another process starting now finds the catch-up already done.
+    assert Clock(clock_db, [quarter, cleanup]).tick(at(1, 3, 52)) == []
+    assert count_jobs(clock_db) == 2
+
+
+def test_catch_up_with_no_firing_on_record_fires_at_start(clock_db):
+    # A new entry, or one whose last firing is older than a day: its most recent
+    # minute was missed as far as anyone can tell.
+    cleanup = Scheduled("m", "m.Daily", daily(3, 17), catch_up=True)
+    assert len(Clock(clock_db, [cleanup]).tick(at(0, 9, 0))) == 1
+    assert ticks(clock_db, "m.Daily") == [at(0, 3, 17)]
+
+
+def test_catch_up_is_not_owed_when_nothing_was_missed(clock_db):
+    cleanup = Scheduled("m", "m.Daily", daily(3, 17), catch_up=True)
+    Clock(clock_db, [cleanup]).tick(at(0, 3, 17))
+    finish_all(clock_db)
+    assert Clock(clock_db, [cleanup]).tick(at(0, 9, 0)) == []  # 03:17 ran
+    # A minute that matches now is fired once, not once more as a catch-up.
+    assert len(Clock(clock_db, [cleanup]).tick(at(1, 3, 17))) == 1
+    assert count_jobs(clock_db) == 2
+    # The schedule moved the job from 04:00 to 03:17: today's 04:00 run is later
+    # than the 03:17 just missed, so there is nothing to catch up.
+    finish_all(clock_db)
+    clock_db.exec("INSERT INTO clock_ticks VALUES ('m.Daily', %s)", (at(2, 4, 0),))
+    assert Clock(clock_db, [cleanup]).tick(at(2, 9, 0)) == []
+    assert count_jobs(clock_db) == 2
+    never = Scheduled("n", "n.Never", lambda t: t.year == 1999, catch_up=True)
+    assert Clock(clock_db, [never]).tick(at(1, 9, 0)) == []
+
+
+def test_catch_up_after_a_failed_first_tick_is_still_owed(clock_db):
+    clock = Clock(clock_db, [Scheduled("m", "m.Daily", daily(3, 17), catch_up=True)])
+    clock_db.exec("ALTER TABLE clock_ticks RENAME TO clock_ticks_away")
+    try:
+        assert clock.tick(at(0, 9, 0)) == []  # the database refuses: nothing, and no crash
+    finally:
+        clock_db.exec("ALTER TABLE clock_ticks_away RENAME TO clock_ticks")
+    assert len(clock.tick(at(0, 9, 1))) == 1
+    assert ticks(clock_db, "m.Daily") == [at(0, 3, 17)]
+
+
+@pytest.fixture
+def refuse_broken_jobs(clock_db):
+    """A trigger that makes the database refuse the job named 'broken.Job'."""
+    clock_db.exec(
+        "CREATE FUNCTION refuse_broken() RETURNS trigger LANGUAGE plpgsql AS $$"
+        " BEGIN IF NEW.name = 'broken.Job' THEN RAISE EXCEPTION 'refused by test'; END IF; RETURN NEW; END $$;"
+        " CREATE TRIGGER refuse_broken BEFORE INSERT ON jobs FOR EACH ROW EXECUTE FUNCTION refuse_broken()"
+    )
+    yield
+    clock_db.exec("DROP TRIGGER refuse_broken ON jobs; DROP FUNCTION refuse_broken()")
+
+
+def test_a_failing_entry_does_not_stop_the_others(clock_db, sentry_events, refuse_broken_jobs, caplog):
+    def explode(t: datetime) -> bool:
+        raise RuntimeError("bad predicate")
+
+    schedule = [
+        Scheduled("a", "a.First", every(5)),
+        Scheduled("broken", "broken.Job", every(5)),
+        Scheduled("bad", "bad.Predicate", explode),
+        Scheduled("z", "z.Last", every(5)),
+    ]
+    with caplog.at_level(logging.INFO, logger="jobs.clock"):
+        ids = Clock(clock_db, schedule).tick(at(0, 12, 5))
+    assert len(ids) == 2
+    assert [row[1] for row in jobs(clock_db)] == ["a.First", "z.Last"]
+    assert ticks(clock_db, "broken.Job") == []  # the tick row went with the refused job
+    assert sorted(e["tags"]["job"] for e in sentry_events) == ["bad.Predicate", "broken.Job"]
+    errors = [r.getMessage() for r in caplog.records if r.name == "jobs.clock" and r.levelno >= logging.ERROR]
+    assert len(errors) == 2 and all(line.startswith("clock job=") for line in errors)
+
+
+def test_old_ticks_are_pruned(clock_db):
+    clock_db.exec(
+        "INSERT INTO clock_ticks VALUES ('x.Old', %s), ('x.Recent', %s)",
+        (at(0, 0, 0) - timedelta(days=4), at(0, 0, 0) - timedelta(days=2)),
+    )
+    Clock(clock_db, [Scheduled("x", "x.Never", lambda t: False)]).tick(at(0, 0, 0))
+    assert clock_db.query("SELECT name FROM clock_ticks") == [("x.Recent",)]
+
+
+# run: the time is passed in, so nothing sleeps.
+
+
+class FakeTime:
+    """now() for Clock.run: the given times in turn; at the end it sets stop."""
+
+    def __init__(self, times: list[datetime], stop: Event) -> None:
+        self.times = times
+        self.stop = stop
+
+    def __call__(self) -> datetime:
+        if len(self.times) == 1:
+            self.stop.set()
+            return self.times[0]
+        return self.times.pop(0)
+
+
+def test_run_ticks_each_minute_boundary_and_stops(clock_db):
+    stop = Event()
+    seen: list[datetime] = []
+    entry = Scheduled("q", "q.Every", lambda t: seen.append(t) or False)
+    now = FakeTime([at(0, 8, 59, 59), at(0, 9, 0, 0), at(0, 9, 0, 0), at(0, 9, 1, 0), at(0, 9, 1, 1)], stop)
+    with gevent.Timeout(5):
+        Clock(clock_db, [entry], now=now).run(stop)
+    assert seen == [at(0, 9, 0), at(0, 9, 1)]
+
+
+def test_run_that_wakes_late_skips_the_minutes_between(clock_db):
+    stop = Event()
+    seen: list[datetime] = []
+    entry = Scheduled("q", "q.Every", lambda t: seen.append(t) or False)
+    now = FakeTime([at(0, 8, 59, 30), at(0, 9, 3, 10), at(0, 9, 3, 10), at(0, 9, 3, 11)], stop)
+    with gevent.Timeout(5):
+        Clock(clock_db, [entry], now=now).run(stop)
+    assert seen == [at(0, 9, 3)]
+
+
+def test_run_returns_at_once_when_stopped(clock_db):
+    stop = Event()
+    stop.set()
+    with gevent.Timeout(2):
+        Clock(clock_db, [], now=lambda: at(0, 9, 0, 1)).run(stop)

@@ -1,0 +1,177 @@
+from pathlib import Path
+
+import pytest
+
+from lib.clock import Scheduled, every
+from lib.db import DB
+from lib.poller import Poller
+from lib.registry_check import Writer, check, main
+from queues import REGISTRY
+from queues.schedule import SCHEDULE
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _ok(job):
+    return "ok"
+
+
+def known(db: DB) -> Poller:
+    return Poller("known", db, {"known.Run": _ok, "known.Other": _ok})
+
+
+def plant(root: Path, files: dict[str, str]) -> Path:
+    for relative, text in files.items():
+        path = root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
+
+
+PLANTED_PY = """\
+from lib.insert import Job, insert, insert_many
+
+
+def enqueue(db, queue):
+    insert(db, "known", "known.Run")
+    insert(db, "ghost", "ghost.Nope", {"n": 1})
+    insert(db, queue=\"known\", name=\"known.Typo\")
+    insert_many(db, [Job("known", "known.Other"), Job("phantom", "phantom.Job")])
+    insert(db, queue, "known.Run")
+    names.insert(0, "not a job")
+"""
+
+PLANTED_SQL = """\
+-- name: enqueue_ghosts
+-- Enqueue a job for each thing.
+INSERT INTO jobs (queue, name, args)
+SELECT 'sqlghost', 'sqlghost.Missing', jsonb_build_object('id', t.id) FROM things t
+
+-- name: enqueue_known
+-- A handled pair, in VALUES, with a cast.
+INSERT INTO jobs (name, queue) VALUES ('known.Run', 'known'::text), ('known.Gone', 'known');
+
+-- name: enqueue_param
+-- A parameterized insert: its Python caller names the pair.
+INSERT INTO jobs (queue, name) VALUES (%(queue)s, %(name)s)
+"""
+
+PLANTED_MIGRATION = """\
+CREATE TABLE things (id int);
+CREATE FUNCTION things_enqueue() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  INSERT INTO jobs (queue, name, args) VALUES ('trigger', 'trigger.Job', jsonb_build_object('id', NEW.id));
+  RETURN NEW;
+END $$;
+"""
+
+
+def test_a_planted_tree_fails_naming_each_unhandled_writer(tmp_path, capsys):
+    root = plant(
+        tmp_path,
+        {
+            "queues/ghost.py": PLANTED_PY,
+            "sql/ghosts.sql": PLANTED_SQL,
+            "sql/migrations/009_things.sql": PLANTED_MIGRATION,
+            # Not the project's code: never read.
+            "tests/test_ghost.py": 'insert(db, "tests", "tests.Only")\n',
+            "bench/b.py": 'insert(db, "bench", "bench.Only")\n',
+        },
+    )
+    schedule = [Scheduled("known", "known.Other", every(5)), Scheduled("late", "late.Tick", every(5))]
+    report = check([known], schedule, root)
+    assert [(p.split(":")[0], p.split("queue=")[1]) for p in report.problems] == [
+        ("queues/ghost.py", "ghost job=ghost.Nope has no worker (no such queue is registered)"),
+        ("queues/ghost.py", "known job=known.Typo has no worker (queue known does not handle it)"),
+        ("queues/ghost.py", "phantom job=phantom.Job has no worker (no such queue is registered)"),
+        ("sql/ghosts.sql", "sqlghost job=sqlghost.Missing has no worker (no such queue is registered)"),
+        ("sql/ghosts.sql", "known job=known.Gone has no worker (queue known does not handle it)"),
+        ("sql/migrations/009_things.sql", "trigger job=trigger.Job has no worker (no such queue is registered)"),
+        ("schedule", "late job=late.Tick has no worker (no such queue is registered)"),
+    ]
+    lines = {p.split(" ")[0] for p in report.problems}
+    assert lines == {
+        "queues/ghost.py:6:",
+        "queues/ghost.py:7:",
+        "queues/ghost.py:8:",
+        "sql/ghosts.sql:3:",
+        "sql/ghosts.sql:8:",
+        "sql/migrations/009_things.sql:4:",
+        "schedule:",
+    }
+    assert report.warnings == [
+        "queues/ghost.py:9: queue is not a string literal in insert(db, queue, 'known.Run'); not checked"
+    ]
+    assert Writer("queues/ghost.py:5", "known", "known.Run") in report.writers
+    assert Writer("sql/ghosts.sql:8", "known", "known.Run") in report.writers
+
+    assert main([known], schedule, root) == 1
+    out = capsys.readouterr().out
+    assert "queues/ghost.py:6: queue=ghost job=ghost.Nope" in out
+    assert "sql/ghosts.sql:3: queue=sqlghost job=sqlghost.Missing" in out
+    assert out.strip().endswith("registry check failed: 7 problem(s)")
+
+
+def test_a_handled_tree_passes(tmp_path, capsys):
+    root = plant(
+        tmp_path,
+        {
+            "worker.py": 'insert(db, "known", "known.Run")\n',
+            "lib/x.py": "import lib.insert as jobs\n\njobs.insert(db, 'known', name='known.Other')\n",
+            "sql/x.sql": "INSERT INTO jobs (queue, name) SELECT 'known' AS queue, 'known.Run' AS name;\n",
+        },
+    )
+    report = check([known], [Scheduled("known", "known.Run", every(5))], root)
+    assert report.problems == [] and report.warnings == []
+    assert len(report.writers) == 4
+    assert main([known], [], root) == 0
+    assert capsys.readouterr().out == "registry check ok: 3 writers name 2 jobs, all handled by 1 queues\n"
+
+
+def test_an_aliased_enqueue_is_read_and_a_local_definition_is_not(tmp_path):
+    root = plant(
+        tmp_path,
+        {
+            "lib/a.py": "from lib.insert import insert as enqueue\n\nenqueue(db, 'ghost', 'ghost.Aliased')\n",
+            # A module that defines its own insert (as lib/insert.py does) is not a writer.
+            "lib/b.py": "def insert(db, queue, name):\n    pass\n\ninsert(db, 'ghost', 'ghost.Local')\n",
+        },
+    )
+    report = check([known], [], root)
+    assert report.problems == ["lib/a.py:3: queue=ghost job=ghost.Aliased has no worker (no such queue is registered)"]
+
+
+def test_a_registry_that_cannot_be_built_or_repeats_a_queue_is_a_problem(tmp_path):
+    def broken(db: DB) -> Poller:
+        raise RuntimeError("no config")
+
+    report = check([known, broken, known], [], tmp_path)
+    assert len(report.problems) == 2
+    assert "raised RuntimeError: no config" in report.problems[0]
+    assert "queue 'known' is registered twice" in report.problems[1]
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "INSERT INTO jobs VALUES (1, 'ghost', 'ghost.X')",  # no column list
+        "INSERT INTO jobs (queue, name) SELECT queue, name FROM elsewhere",  # from data
+    ],
+)
+def test_sql_it_cannot_read_is_a_warning(tmp_path, sql):
+    report = check([known], [], plant(tmp_path, {"sql/w.sql": sql}))
+    assert report.problems == [] and len(report.warnings) == 1
+    assert report.warnings[0].startswith("sql/w.sql:1: ")
+
+
+def test_the_real_tree_passes(capsys):
+    """Every insert call, SQL file and schedule entry of the project names a job
+    that a registered worker handles."""
+    report = check(REGISTRY, SCHEDULE, ROOT)
+    assert report.problems == []
+    assert {"caches", "maintenance"} <= set(report.handled)
+    assert {("caches", "caches.Age"), ("maintenance", "maintenance.CleanUpJobs")} <= {
+        (w.queue, w.name) for w in report.writers
+    }
+    assert main(REGISTRY, SCHEDULE, ROOT) == 0
+    assert capsys.readouterr().out.startswith("registry check ok: ")
