@@ -11,6 +11,7 @@ import queue
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -19,6 +20,8 @@ from typing import Any
 import psycopg2
 import psycopg2.errors
 import psycopg2.extensions
+
+from lib.sql import STATEMENTS
 
 log = logging.getLogger("jobs.db")
 
@@ -76,8 +79,28 @@ class _Pooled:
     idle_since: float = field(default_factory=time.monotonic)
 
 
+# The named queries each connection has prepared; a connection that is closed
+# and collected takes its entry with it, as the server does its statements.
+_prepared: weakref.WeakKeyDictionary[psycopg2.extensions.connection, set[str]] = weakref.WeakKeyDictionary()
+
+
+def _text(cur: psycopg2.extensions.cursor, sql: str, params: Params, prepare: bool) -> bytes:
+    """The statement to send. A named query of sql/ with named parameters is
+    run prepared: planning the claim's CTEs cost more than running them."""
+    stmt = STATEMENTS.get(sql) if prepare and (params is None or isinstance(params, dict)) else None
+    if stmt is None:
+        return cur.mogrify(sql, params)
+    done = _prepared.setdefault(cur.connection, set())
+    if stmt.name not in done:
+        cur.execute(stmt.prepare)
+        done.add(stmt.name)
+    return cur.mogrify(stmt.execute, [params[name] for name in stmt.params] if params else None)
+
+
 class _Runner:
     """exec/query_row/query over whatever connection _cursor() provides."""
+
+    prepare = True
 
     @contextmanager
     def _cursor(self) -> Iterator[psycopg2.extensions.cursor]:
@@ -87,25 +110,33 @@ class _Runner:
     def exec(self, sql: str, params: Params = None) -> int:
         """Run a statement; the number of rows it touched."""
         with self._cursor() as cur:
-            cur.execute(sql, params)
+            cur.execute(_text(cur, sql, params, self.prepare))
             return cur.rowcount
 
     def query_row(self, sql: str, params: Params = None) -> Row | None:
         with self._cursor() as cur:
-            cur.execute(sql, params)
+            cur.execute(_text(cur, sql, params, self.prepare))
             return cur.fetchone()
 
     def query(self, sql: str, params: Params = None) -> list[Row]:
         with self._cursor() as cur:
-            cur.execute(sql, params)
+            cur.execute(_text(cur, sql, params, self.prepare))
             return cur.fetchall()
+
+    def query_row_last(self, statements: Sequence[tuple[str, Params]]) -> Row | None:
+        """Run statements in one round trip and one transaction (all or none);
+        the first row of the last one."""
+        with self._cursor() as cur:
+            cur.execute(b";\n".join(_text(cur, sql, params, self.prepare) for sql, params in statements))
+            return cur.fetchone()
 
 
 class Tx(_Runner):
     """One connection inside an open transaction."""
 
-    def __init__(self, conn: psycopg2.extensions.connection) -> None:
+    def __init__(self, conn: psycopg2.extensions.connection, prepare: bool = True) -> None:
         self.conn = conn
+        self.prepare = prepare
 
     @contextmanager
     def _cursor(self) -> Iterator[psycopg2.extensions.cursor]:
@@ -125,6 +156,7 @@ class DB(_Runner):
         ping_after: float = 1.0,
         connect_timeout: int = 5,
         application_name: str = "jobs",
+        prepare: bool = True,
     ) -> None:
         if size < 1:
             raise ValueError(f"pool size must be at least 1, got {size}")
@@ -133,6 +165,9 @@ class DB(_Runner):
         self.size = size
         self.checkout_timeout = checkout_timeout
         self.ping_after = ping_after
+        # Off behind a pooler in transaction mode, which cannot keep a
+        # connection's prepared statements.
+        self.prepare = prepare
         self._connect_kwargs = {
             "connect_timeout": connect_timeout,
             "application_name": application_name,
@@ -242,7 +277,7 @@ class DB(_Runner):
         with self._checked_out() as conn:
             # On an exception the check-in rolls back (or discards) the connection.
             conn.autocommit = False
-            yield Tx(conn)
+            yield Tx(conn, self.prepare)
             conn.commit()
 
     @contextmanager

@@ -156,25 +156,29 @@ class Poller:
     def _loop(self, stop: Event, slot: int) -> None:
         wakeup = self._wakeups[slot]
         retry_wait = 1.0
-        while not stop.is_set():
-            # Cleared before the claim: a wake that lands after it is not lost.
-            wakeup.clear()
-            try:
-                job, wait = self._claim(None, slot)
-            except Exception as exc:
-                self.outage.failed(exc, queue=self.queue)
-                stop.wait(retry_wait)
-                retry_wait = min(retry_wait * 2, self.poll_interval)
-                continue
-            self.outage.recovered()
-            retry_wait = 1.0
+        job: PendingJob | None = None  # claimed along with the last outcome
+        # A job claimed with the last outcome runs even if stop came meanwhile:
+        # it is claimed, as if stop had come a moment later.
+        while job is not None or not stop.is_set():
             if job is None:
-                # The queue's next delayed row, or the end of its pause or
-                # throttle, when that comes before the fallback poll.
-                timeout = self.poll_interval if wait is None or wait <= 0 else min(wait, self.poll_interval)
-                gevent.wait([stop, wakeup], timeout=timeout, count=1)
-                continue
-            self.run(job, slot=slot, stop=stop)
+                # Cleared before the claim: a wake that lands after it is not lost.
+                wakeup.clear()
+                try:
+                    job, wait = self._claim(None, slot)
+                except Exception as exc:
+                    self.outage.failed(exc, queue=self.queue)
+                    stop.wait(retry_wait)
+                    retry_wait = min(retry_wait * 2, self.poll_interval)
+                    continue
+                self.outage.recovered()
+                retry_wait = 1.0
+                if job is None:
+                    # The queue's next delayed row, or the end of its pause or
+                    # throttle, when that comes before the fallback poll.
+                    timeout = self.poll_interval if wait is None or wait <= 0 else min(wait, self.poll_interval)
+                    gevent.wait([stop, wakeup], timeout=timeout, count=1)
+                    continue
+            _, job = self._work(job, slot, stop, claim_next=True)
 
     def work_once(self, job: PendingJob | None = None, *, slot: int = 0, stop: Event | None = None) -> str | None:
         """Claim (the given job, or the queue's next due one), run and finalize it;
@@ -190,10 +194,8 @@ class Poller:
         is paused or throttled."""
         return self._claim(job_id, slot)[0]
 
-    def _claim(self, job_id: int | None, slot: int) -> tuple[PendingJob | None, float | None]:
-        """The claimed job, or None and the seconds until the queue may have
-        work (None: nothing known)."""
-        params = {
+    def _claim_params(self, job_id: int | None, slot: int) -> dict[str, Any]:
+        return {
             "queue": self.queue,
             "id": job_id,
             "slot": slot,
@@ -201,37 +203,48 @@ class Poller:
             "lease": self.lease,
             "max_attempts": self.max_attempts,
         }
+
+    def _claim(self, job_id: int | None, slot: int) -> tuple[PendingJob | None, float | None]:
+        """The claimed job, or None and the seconds until the queue may have
+        work (None: nothing known)."""
         try:
-            row = self.db.query_row(Q.job_claim, params)
+            row = self.db.query_row(Q.job_claim, self._claim_params(job_id, slot))
         except Exception as exc:
             if is_unique_violation(exc):
                 return None, None
             raise
-        if row is None:
-            return None, None
-        job_id, name, args, attempts, max_attempts, callsite, latency, wait = row
-        if job_id is None:
-            return None, wait
-        return PendingJob(job_id, name, args, attempts, max_attempts, callsite, latency), None
+        return _claimed(row)
 
     def run(self, job: PendingJob, *, slot: int = 0, stop: Event | None = None) -> str:
         """Run a claimed job to its outcome; the status it reached."""
+        return self._work(job, slot, stop, claim_next=False)[0]
+
+    def _work(
+        self, job: PendingJob, slot: int, stop: Event | None, *, claim_next: bool
+    ) -> tuple[str, PendingJob | None]:
+        """Run a claimed job and write its outcome; with claim_next and no
+        throttle pause due, the write also claims the slot's next job."""
         self.running[slot] = job
         start = time.monotonic()
         outcome: Outcome | None = None
+        following: PendingJob | None = None
         try:
             outcome = self._outcome(job, self._dispatch(job))
         finally:
             # Reached with no outcome only when the greenlet itself is killed
             # (shutdown); the job is written off as interrupted and the kill
             # goes on up.
+            interrupted = outcome is None
             outcome = outcome or self._interrupted(job)
             elapsed = time.monotonic() - start
             # Known before the outcome is written, so the write also holds the
             # queue back for every process; a job cut off by shutdown has none.
-            delay = self._delay(outcome, elapsed) if outcome.status != st.INTERRUPTED else 0.0
+            delay = 0.0 if interrupted else self._delay(outcome, elapsed)
             self.running.pop(slot, None)
-            self._finalize(job, outcome, delay)
+            # Whether stop came is asked now, when the job is done, not when it began.
+            wanted = claim_next and not interrupted and delay == 0 and not (stop and stop.is_set())
+            next_slot = slot if wanted else None
+            following = self._finalize(job, outcome, delay, next_slot)
             log.info(
                 "queue=%s job=%s id=%d status=%r latency=%.2fs duration=%.2fs",
                 self.queue,
@@ -243,7 +256,7 @@ class Poller:
             )
         if delay > 0:
             (stop or Event()).wait(delay)
-        return outcome.status
+        return outcome.status, following
 
     def _dispatch(self, job: PendingJob) -> str | BaseException:
         """The handler's status, or the exception that stands for its fault."""
@@ -280,15 +293,29 @@ class Poller:
         # Like a rescue: another worker takes the job over when attempts remain.
         return Outcome(st.INTERRUPTED, retry_in=0.0 if job.attempts < job.max_attempts else None)
 
-    def _finalize(self, job: PendingJob, outcome: Outcome, delay: float = 0.0) -> None:
-        writer = FINALIZING.spawn(self._write_outcome, job, outcome, delay)
-        writer.join()
+    def _finalize(self, job: PendingJob, outcome: Outcome, delay: float, next_slot: int | None) -> PendingJob | None:
+        writer = FINALIZING.spawn(self._write_outcome, job, outcome, delay, next_slot)
+        try:
+            writer.join()
+        except BaseException:
+            # Killed while the write was under way (the shutdown window
+            # closed): let it land, and give back a job it claimed, which
+            # will now never run here.
+            writer.join(FINALIZE_TIMEOUT)
+            if writer.successful() and writer.value is not None:
+                self._release(writer.value)
+            raise
+        return writer.value
 
-    def _write_outcome(self, job: PendingJob, outcome: Outcome, delay: float) -> None:
-        """One update by primary key. It runs once more on a fresh connection
-        when the connection was lost: the update is safe to repeat whether or
-        not the first one reached the server, and the pool has discarded the
-        connection that failed."""
+    def _write_outcome(
+        self, job: PendingJob, outcome: Outcome, delay: float, next_slot: int | None
+    ) -> PendingJob | None:
+        """One update by primary key; with next_slot, sent together with the
+        claim of that slot's next job (one round trip, one commit), and written
+        alone if that fails. It runs once more on a fresh connection when the
+        connection was lost: the update is safe to repeat whether or not the
+        first one reached the server, and the pool has discarded the
+        connection that failed. The job claimed with it, if any."""
         params = {
             "id": job.id,
             "worker_id": self.worker_id,
@@ -302,6 +329,19 @@ class Poller:
             "delay": delay,
             "uncounted": 0 if outcome.counted else 1,
         }
+        if next_slot is not None:
+            try:
+                with gevent.Timeout(FINALIZE_TIMEOUT):
+                    row = self.db.query_row_last(
+                        [(Q.job_finalize, params), (Q.job_claim, self._claim_params(None, next_slot))]
+                    )
+            except (Exception, gevent.Timeout) as exc:
+                # Nothing of it was committed (another row holding the slot
+                # refuses the claim, say): the outcome goes alone.
+                log.debug("queue=%s id=%d outcome and next claim together failed: %s", self.queue, job.id, exc)
+            else:
+                self._check_written(job, outcome, row[-1] if row else 0)
+                return _claimed(row)[0]
         tags = {"queue": self.queue, "job": job.name, "job_id": job.id, "callsite": job.callsite}
         for attempt in (1, 2):
             try:
@@ -313,17 +353,25 @@ class Poller:
                     continue
                 log.error("queue=%s id=%d finalize failed, the row stays started: %s", self.queue, job.id, exc)
                 capture(exc, message="finalize job", **tags)
-                return
-            if not written:
-                # The lease ran out (no heartbeat got through) and another
-                # worker rescued the row; its outcome stands.
-                log.warning(
-                    "queue=%s id=%d was rescued before it finished; outcome %r dropped",
-                    self.queue,
-                    job.id,
-                    outcome.status,
-                )
-            return
+                return None
+            self._check_written(job, outcome, written)
+            return None
+        return None
+
+    def _check_written(self, job: PendingJob, outcome: Outcome, written: int) -> None:
+        if not written:
+            # The lease ran out (no heartbeat got through) and another worker
+            # rescued the row; its outcome stands.
+            log.warning(
+                "queue=%s id=%d was rescued before it finished; outcome %r dropped", self.queue, job.id, outcome.status
+            )
+
+    def _release(self, job: PendingJob) -> None:
+        try:
+            self.db.exec(Q.job_release, {"id": job.id, "worker_id": self.worker_id, "attempts": job.attempts})
+        except Exception as exc:
+            # The lease runs out and the rescue takes the row back instead.
+            log.warning("queue=%s id=%d claimed at shutdown, not given back: %s", self.queue, job.id, exc)
 
     def _delay(self, outcome: Outcome, elapsed: float) -> float:
         """The throttle's pause after this outcome; a throttle that raises or
@@ -338,3 +386,13 @@ class Poller:
             return 0.0
         # NaN fails both comparisons: no pause. A day bounds a runaway answer.
         return min(delay, MAX_THROTTLE) if delay > 0 else 0.0
+
+
+def _claimed(row: tuple[Any, ...] | None) -> tuple[PendingJob | None, float | None]:
+    """A job_claim row as (job, None), or (None, seconds until the queue may have work)."""
+    if row is None:
+        return None, None
+    job_id, name, args, attempts, max_attempts, callsite, latency, wait, _finalized = row
+    if job_id is None:
+        return None, wait
+    return PendingJob(job_id, name, args, attempts, max_attempts, callsite, latency), None

@@ -7,6 +7,7 @@ must not pull in gevent or the pool.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,4 +50,28 @@ def load(folder: Path = SQL_DIR) -> dict[str, str]:
     return queries
 
 
-Q = _Queries(load())
+@dataclass(frozen=True)
+class Statement:
+    """A named query in the two forms a connection needs to run it prepared:
+    planned once per connection instead of on every call."""
+
+    name: str
+    params: tuple[str, ...]  # the %(name)s parameters, in $1, $2... order
+    prepare: str  # PREPARE name AS ... $1 ...
+    execute: str  # EXECUTE name(%s, ...), for the driver to fill in
+
+
+_PARAM = re.compile(r"%\((\w+)\)s")
+
+
+def statement(name: str, sql: str) -> Statement:
+    params = tuple(dict.fromkeys(_PARAM.findall(sql)))
+    positional = _PARAM.sub(lambda m: f"${params.index(m.group(1)) + 1}", sql).replace("%%", "%")
+    args = f"({', '.join(['%s'] * len(params))})" if params else ""
+    return Statement(name, params, f"PREPARE {name} AS {positional}", f"EXECUTE {name}{args}")
+
+
+_QUERIES = load()
+Q = _Queries(_QUERIES)
+# By text, so the pool recognises a named query it is handed without a second API.
+STATEMENTS = {sql: statement(name, sql) for name, sql in _QUERIES.items()}

@@ -47,14 +47,18 @@ claimed AS (
   RETURNING j.id, j.name, j.args, j.attempts, j.max_attempts, j.callsite,
             greatest(extract(EPOCH FROM now() - j.run_at), 0)::float8 AS latency
 )
-SELECT id, name, args, attempts, max_attempts, callsite, latency, NULL::float8 AS wait FROM claimed
+SELECT id, name, args, attempts, max_attempts, callsite, latency, NULL::float8 AS wait,
+       -- What a job_finalize sent in the same transaction wrote (NULL: none was).
+       nullif(current_setting('jobs.finalized', true), '')::int AS finalized
+FROM claimed
 UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL,
        extract(EPOCH FROM coalesce(
          (SELECT least(until, now() + interval '1 day') FROM gate),  -- a pause may be infinite
          (SELECT min(run_at) FROM jobs
           WHERE queue = %(queue)s AND status = 'pending' AND run_at > now())
-       ) - now())::float8
+       ) - now())::float8,
+       nullif(current_setting('jobs.finalized', true), '')::int
 WHERE NOT EXISTS (SELECT 1 FROM claimed)
 
 -- name: job_finalize
@@ -79,7 +83,15 @@ throttled AS (
   WHERE %(delay)s::float8 > 0
   ON CONFLICT (queue) DO UPDATE SET next_claim_at = excluded.next_claim_at
 )
-SELECT count(*) FROM done
+-- Also noted for the rest of the transaction, where a claim sent with it reads it back.
+SELECT set_config('jobs.finalized', count(*)::text, true)::int FROM done
+
+-- name: job_release
+-- Give back a claimed job that never ran (its poller was killed first): pending again, the attempt not counted.
+UPDATE jobs
+SET status = 'pending', started_at = NULL, attempts = attempts - 1,
+    worker_id = NULL, slot = NULL, lease_until = NULL
+WHERE id = %(id)s AND worker_id = %(worker_id)s AND attempts = %(attempts)s AND status = 'started'
 
 -- name: job_heartbeat
 -- Extend the lease of the rows this worker process is running now.

@@ -314,3 +314,40 @@ def test_bad_configuration_fails_at_construction(db, kwargs):
         Poller("q", db, {"q.N": lambda job: "ok"}, **kwargs)
     with pytest.raises(ValueError):
         Poller("q", db, {})
+
+
+def test_outcome_and_next_claim_go_in_one_round_trip(db):
+    """In the loop, a job's outcome is written together with the claim of the
+    next job; the jobs still run one at a time, in order."""
+    order = []
+    poller = Poller("q", db, {"q.N": lambda job: order.append(job.id) or "ok"}, poll_interval=0.1)
+    ids = [insert(db, "q", "q.N") for _ in range(5)]
+    _poll_until(poller, lambda: len(order) == 5)
+    assert order == ids
+    assert count_jobs(db, "status = 'ok'") == 5
+
+
+def test_when_the_claim_sent_with_an_outcome_fails_the_outcome_is_written_alone(db):
+    poller = Poller("q", db, {"q.N": lambda job: "ok"})
+    first, second = insert(db, "q", "q.N"), insert(db, "q", "q.N")
+    job = poller.claim()
+    # A lease the server cannot add to now(): the claim half fails with a real
+    # server error and takes the whole transaction with it.
+    poller.lease = 1e300
+    status, following = poller._work(job, 0, None, claim_next=True)
+    assert (status, following) == ("ok", None)
+    assert dict(db.query("SELECT id, status FROM jobs")) == {first: "ok", second: "pending"}
+
+
+def test_a_claimed_job_that_never_ran_is_given_back(db):
+    poller = Poller("q", db, {"q.N": lambda job: "ok"}, max_attempts=2)
+    job_id = insert(db, "q", "q.N")
+    job = poller.claim()
+    poller._release(job)
+    assert db.query_row("SELECT status, attempts, worker_id, slot FROM jobs WHERE id = %s", (job_id,)) == (
+        "pending",
+        0,
+        None,
+        None,
+    )
+    assert poller.work_once() == "ok"
