@@ -8,6 +8,7 @@ import os  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
 from collections.abc import Callable, Sequence  # noqa: E402
+from datetime import UTC, datetime, timedelta  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import gevent  # noqa: E402
@@ -20,7 +21,8 @@ from lib.errors import Outage  # noqa: E402
 from lib.leases import LEASE_SECONDS, Leases  # noqa: E402
 from lib.migrate import migrate  # noqa: E402
 from lib.poller import FINALIZING, Poller  # noqa: E402
-from lib.queue_state import AUTH_PREFIX, resume  # noqa: E402
+from lib.queue_state import AUTH_PREFIX, pause, resume  # noqa: E402
+from lib.redrive import redrive  # noqa: E402
 from lib.sql import Q  # noqa: E402
 from lib.wakeups import Listener  # noqa: E402
 
@@ -39,21 +41,7 @@ RESTART_DELAY = 5.0
 
 
 def main(registry: Registry, argv: Sequence[str] | None = None, schedule: Sequence[Scheduled] = ()) -> int:
-    parser = argparse.ArgumentParser(description="Run the jobs worker.")
-    parser.add_argument(
-        "command",
-        nargs="?",
-        default="run",
-        choices=["run", "migrate", "check"],
-        help="run the worker (default); apply migrations and exit; check that every job written has a worker",
-    )
-    parser.add_argument(
-        "--shutdown-window",
-        type=float,
-        default=SHUTDOWN_WINDOW,
-        help="seconds running jobs get to finish after SIGTERM (default %(default)s)",
-    )
-    args = parser.parse_args(argv)
+    args = _parser().parse_args(argv)
     logging.basicConfig(
         level=os.environ.get("LOG_LEVEL", "INFO"),
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
@@ -66,11 +54,54 @@ def main(registry: Registry, argv: Sequence[str] | None = None, schedule: Sequen
     db = DB.connect(url, size=len(registry) + POOL_BUFFER)
     try:
         migrate(db)
-        if args.command == "migrate":
-            return 0
-        return run(db, registry, shutdown_window=args.shutdown_window, schedule=schedule)
+        if args.command in (None, "run"):
+            return run(db, registry, shutdown_window=args.shutdown_window, schedule=schedule)
+        return _operate(db, args)
     finally:
         db.close()
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description="The jobs worker, and the commands to operate it.")
+    parser.add_argument(
+        "--shutdown-window",
+        type=float,
+        default=SHUTDOWN_WINDOW,
+        help="seconds running jobs get to finish after SIGTERM (default %(default)s)",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="command")
+    commands.add_parser("run", help="run the worker (the default)")
+    commands.add_parser("migrate", help="apply the migrations not yet applied, and exit")
+    commands.add_parser("check", help="fail when a job is written that no worker handles")
+    pause_ = commands.add_parser("pause", help="pause a queue for every worker")
+    pause_.add_argument("queue")
+    pause_.add_argument("--reason", required=True)
+    pause_.add_argument("--minutes", type=float, help="end the pause by itself after this long")
+    resume_ = commands.add_parser("resume", help="end a queue's pause")
+    resume_.add_argument("queue")
+    redrive_ = commands.add_parser("redrive", help="give failed (err:) jobs another attempt")
+    redrive_.add_argument("--queue")
+    redrive_.add_argument("--name")
+    redrive_.add_argument("--id", type=int, action="append", dest="ids")
+    return parser
+
+
+def _operate(db: DB, args: argparse.Namespace) -> int:
+    """The operator's commands; each prints what it did."""
+    if args.command == "pause":
+        until = datetime.now(UTC) + timedelta(minutes=args.minutes) if args.minutes else None
+        pause(db, args.queue, args.reason, until)
+        print(f"paused {args.queue} until {until or 'resumed'}: {args.reason}")
+    elif args.command == "resume":
+        print(f"resumed {args.queue}" if resume(db, args.queue) else f"{args.queue} was not paused")
+    elif args.command == "redrive":
+        try:
+            ids = redrive(db, ids=args.ids, queue=args.queue, name=args.name)
+        except ValueError as exc:
+            print(f"redrive: {exc}", file=sys.stderr)
+            return 2
+        print(f"redrove {len(ids)} jobs" + (f": {', '.join(map(str, ids))}" if ids else ""))
+    return 0
 
 
 def run(

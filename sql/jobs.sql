@@ -133,3 +133,18 @@ WHERE id IN (
     AND finished_at < now() - make_interval(days => %(days)s)
   LIMIT %(batch)s
 )
+
+-- name: job_redrive
+-- Return chosen failed jobs to pending with one more attempt allowed, keeping last_error; a job whose deduped copy is already pending or started is left alone.
+UPDATE jobs j
+SET status = 'pending', run_at = now(), finished_at = NULL, started_at = NULL,
+    max_attempts = j.attempts + 1, worker_id = NULL, slot = NULL, lease_until = NULL
+WHERE starts_with(j.status, 'err: ')
+  AND (%(ids)s::bigint[] IS NULL OR j.id = ANY(%(ids)s::bigint[]))
+  AND (%(queue)s::text IS NULL OR j.queue = %(queue)s)
+  AND (%(name)s::text IS NULL OR j.name = %(name)s)
+  AND NOT (j.dedupe AND EXISTS (
+    SELECT 1 FROM jobs o
+    WHERE o.dedupe AND o.queue = j.queue AND o.name = j.name
+      AND md5(o.args::text) = md5(j.args::text) AND o.status IN ('pending', 'started')))
+RETURNING j.id

@@ -1,0 +1,41 @@
+import os
+import subprocess
+import sys
+
+from lib.insert import insert
+from lib.queue_state import paused
+from tests_support import ROOT
+
+
+def cli(database_url: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "worker.py", *args],
+        cwd=ROOT,
+        env={**os.environ, "DATABASE_URL": database_url},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_pause_resume_and_redrive_from_the_command_line(db, database_url):
+    done = cli(database_url, "pause", "slack", "--reason", "vendor incident", "--minutes", "30")
+    assert done.returncode == 0, done.stderr
+    assert "paused slack until" in done.stdout
+    [(queue, reason, _)] = paused(db)
+    assert (queue, reason) == ("slack", "vendor incident")
+    assert cli(database_url, "resume", "slack").stdout.strip() == "resumed slack"
+    assert paused(db) == []
+
+    failed = insert(db, "caches", "caches.Age")
+    db.exec("UPDATE jobs SET status = 'err: boom', attempts = 1, max_attempts = 1 WHERE id = %s", (failed,))
+    done = cli(database_url, "redrive", "--queue", "caches")
+    assert done.stdout.strip() == f"redrove 1 jobs: {failed}"
+    assert db.query_row("SELECT status FROM jobs WHERE id = %s", (failed,)) == ("pending",)
+    refused = cli(database_url, "redrive")
+    assert refused.returncode == 2 and "needs ids, a queue or a name" in refused.stderr
+
+
+def test_migrate_command_exits_after_migrating(database_url):
+    done = cli(database_url, "migrate")
+    assert done.returncode == 0, done.stderr
