@@ -58,6 +58,9 @@ class Leases:
         rows = self.db.query(Q.job_rescue, {"legacy_age": age})
         for job_id, queue, name, status in rows:
             log.warning("queue=%s job=%s id=%d rescued from a lost worker: %s", queue, name, job_id, status)
+        for queue in {r[1] for r in rows}:
+            # The lost worker held the queue's slot; whoever runs the queue may go on.
+            self.db.exec(Q.queue_notify, {"queue": queue})
         return [(r[0], r[1], r[2], r[3]) for r in rows]
 
     def run(self, stop: Event) -> None:

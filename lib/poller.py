@@ -19,6 +19,7 @@ from lib import status as st
 from lib.db import DB, is_conn_failure, is_unique_violation
 from lib.errors import Outage, capture
 from lib.leases import LEASE_SECONDS, WORKER_ID
+from lib.retry import BASE_SECONDS as RETRY_BASE_SECONDS
 from lib.retry import backoff
 from lib.sql import Q
 
@@ -99,6 +100,7 @@ class Poller:
         outage: Outage | None = None,
         off: str | None = None,
         dedupe: frozenset[str] | set[str] = frozenset(),
+        retry_base: float = RETRY_BASE_SECONDS,
     ) -> None:
         # A bad configuration fails when the worker starts, not at the first job.
         if not queue or queue != queue.strip():
@@ -107,6 +109,8 @@ class Poller:
             raise ValueError(f"queue {queue}: dispatch must map job names to handlers")
         if job_timeout <= 0 or poll_interval <= 0:
             raise ValueError(f"queue {queue}: job_timeout and poll_interval must be positive")
+        if retry_base <= 0:
+            raise ValueError(f"queue {queue}: retry_base must be positive")
         if concurrency < 1 or max_attempts < 1:
             raise ValueError(f"queue {queue}: concurrency and max_attempts must be at least 1")
         if throttle is not None and not callable(throttle):
@@ -121,6 +125,7 @@ class Poller:
         self.poll_interval = poll_interval
         self.concurrency = concurrency
         self.max_attempts = max_attempts
+        self.retry_base = retry_base
         self.outage = outage or Outage(f"queue={queue} fetch")
         # Why this queue must not run in this process (say, its API token is
         # not configured); the worker says so once and leaves it alone.
@@ -245,6 +250,10 @@ class Poller:
             wanted = claim_next and not interrupted and delay == 0 and not (stop and stop.is_set())
             next_slot = slot if wanted else None
             following = self._finalize(job, outcome, delay, next_slot)
+            if interrupted or (stop is not None and stop.is_set()):
+                # This poller gives the queue's slot up: a poller of another
+                # worker may take it now, not at its next fallback poll.
+                self._hand_over()
             log.info(
                 "queue=%s job=%s id=%d status=%r latency=%.2fs duration=%.2fs",
                 self.queue,
@@ -286,7 +295,7 @@ class Poller:
             return Outcome(result.status, retry_in=result.seconds, counted=False)
         capture(result, queue=self.queue, job=job.name, job_id=job.id, callsite=job.callsite)
         text = st.err(f"{type(result).__name__}: {result}" if str(result) else type(result).__name__)
-        retry_in = backoff(job.attempts) if job.attempts < job.max_attempts else None
+        retry_in = backoff(job.attempts, base=self.retry_base) if job.attempts < job.max_attempts else None
         return Outcome(text, result, retry_in)
 
     def _interrupted(self, job: PendingJob) -> Outcome:
@@ -365,6 +374,12 @@ class Poller:
             log.warning(
                 "queue=%s id=%d was rescued before it finished; outcome %r dropped", self.queue, job.id, outcome.status
             )
+
+    def _hand_over(self) -> None:
+        try:
+            self.db.exec(Q.queue_notify, {"queue": self.queue})
+        except Exception as exc:
+            log.info("queue=%s could not tell other workers it is free: %s", self.queue, exc)
 
     def _release(self, job: PendingJob) -> None:
         try:

@@ -33,7 +33,11 @@ next AS (
     AND NOT EXISTS (SELECT 1 FROM gate)
   ORDER BY priority DESC, run_at, id
   LIMIT 1
-  FOR UPDATE SKIP LOCKED
+  -- Not SKIP LOCKED: a claimer that skipped the locked head could take the next
+  -- row and win the queue's slot first, running job n+1 before job n. Waiting
+  -- is brief (the other claim commits in a moment); then the head, no longer
+  -- pending, is passed over and the slot index refuses this claim.
+  FOR UPDATE
 ),
 claimed AS (
   UPDATE jobs j
@@ -83,7 +87,7 @@ throttled AS (
   WHERE %(delay)s::float8 > 0
   ON CONFLICT (queue) DO UPDATE SET next_claim_at = excluded.next_claim_at
 )
--- Also noted for the rest of the transaction, where a claim sent with it reads it back.
+-- The count is also noted for the rest of the transaction, where a claim sent with it reads it back.
 SELECT set_config('jobs.finalized', count(*)::text, true)::int FROM done
 
 -- name: job_release
@@ -92,6 +96,10 @@ UPDATE jobs
 SET status = 'pending', started_at = NULL, attempts = attempts - 1,
     worker_id = NULL, slot = NULL, lease_until = NULL
 WHERE id = %(id)s AND worker_id = %(worker_id)s AND attempts = %(attempts)s AND status = 'started'
+
+-- name: queue_notify
+-- Tell every worker's pollers of a queue to look now (its slot was freed, say).
+SELECT pg_notify('jobs', %(queue)s)
 
 -- name: job_heartbeat
 -- Extend the lease of the rows this worker process is running now.
@@ -107,7 +115,7 @@ SET status = CASE WHEN attempts < coalesce(max_attempts, 1) THEN 'pending'
                   ELSE 'err: interrupted' END,
     finished_at = CASE WHEN attempts < coalesce(max_attempts, 1) THEN NULL ELSE now() END,
     run_at = now(),
-    last_error = 'interrupted',
+    last_error = 'err: interrupted',
     lease_until = NULL, slot = NULL
 WHERE status = 'started'
   AND (lease_until < now()

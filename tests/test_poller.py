@@ -351,3 +351,26 @@ def test_a_claimed_job_that_never_ran_is_given_back(db):
         None,
     )
     assert poller.work_once() == "ok"
+
+
+def test_racing_claimers_keep_fifo(db):
+    """Worker a locks the queue's head and is slowed before its claim lands (a
+    trigger stands in for the scheduler); worker b, claiming meanwhile, must
+    not take the next row and run it first."""
+    db.exec(
+        "CREATE OR REPLACE FUNCTION slow_a() RETURNS trigger LANGUAGE plpgsql AS $$ "
+        "BEGIN IF NEW.worker_id = 'a' THEN PERFORM pg_sleep(0.5); END IF; RETURN NEW; END $$"
+    )
+    db.exec("CREATE TRIGGER slow_a BEFORE UPDATE ON jobs FOR EACH ROW EXECUTE FUNCTION slow_a()")
+    try:
+        head, second = insert(db, "q", "q.N"), insert(db, "q", "q.N")
+        a = Poller("q", db, {"q.N": lambda job: "ok"})
+        b = Poller("q", db, {"q.N": lambda job: "ok"})
+        a.worker_id, b.worker_id = "a", "b"
+        claiming = gevent.spawn(a.claim)
+        gevent.sleep(0.2)  # a holds the head's row lock now
+        assert b.claim() is None  # b waited for the head, then found the slot taken
+        assert claiming.get(timeout=10).id == head
+        assert dict(db.query("SELECT id, status FROM jobs")) == {head: "started", second: "pending"}
+    finally:
+        db.exec("DROP TRIGGER slow_a ON jobs")

@@ -77,13 +77,38 @@ def test_set_based_enqueue_wakes_once(db, listening):
     assert recorder.woken == ["bulk"]
 
 
-def test_plain_insert_and_finish_both_wake(db, listening):
+def test_a_finished_job_wakes_nobody_but_a_handover_does(db, listening):
     _, recorder = listening
-    db.exec("INSERT INTO jobs (queue, name) VALUES ('plain', 'plain.N')")
+    db.exec("INSERT INTO jobs (queue, name) VALUES ('plain', 'plain.N'), ('plain', 'plain.N')")
     _wait(lambda: recorder.woken == ["plain"])
-    # The job leaving started frees the queue's slot for another process.
-    Poller("plain", db, {"plain.N": lambda job: "ok"}).work_once()
-    _wait(lambda: recorder.woken.count("plain") == 2)
+    poller = Poller("plain", db, {"plain.N": lambda job: "ok"})
+    # A finished job notifies no one: its poller goes on with the queue itself.
+    assert poller.work_once() == "ok"
+    gevent.sleep(0.3)
+    assert recorder.woken == ["plain"]
+    # A poller that stops gives the slot up and says so, for a poller elsewhere.
+    stopping = Event()
+    stopping.set()
+    assert poller.work_once(stop=stopping) == "ok"
+    _wait(lambda: recorder.woken == ["plain", "plain"])
+
+
+def test_a_retry_and_a_rescue_wake_the_queue(db, listening):
+    _, recorder = listening
+    from lib.leases import Leases
+
+    def boom(job):
+        raise RuntimeError("again")
+
+    insert(db, "r", "r.N", max_attempts=2)
+    _wait(lambda: recorder.woken == ["r"])
+    Poller("r", db, {"r.N": boom}).work_once()  # back to pending for a retry
+    _wait(lambda: recorder.woken == ["r", "r"])
+    insert(db, "s", "s.N")
+    Poller("s", db, {"s.N": lambda job: "ok"}).claim()
+    db.exec("UPDATE jobs SET lease_until = now() - interval '1 second' WHERE queue = 's'")
+    Leases(db, list).rescue()
+    _wait(lambda: recorder.woken.count("s") == 2)
 
 
 def test_rows_that_stay_unwoken_do_not_notify(db, listening):
