@@ -2,9 +2,10 @@ import os
 import subprocess
 import sys
 
+from tests_support import ROOT
+
 from lib.insert import insert
 from lib.queue_state import paused
-from tests_support import ROOT
 
 
 def cli(database_url: str, *args: str) -> subprocess.CompletedProcess:
