@@ -134,3 +134,33 @@ def test_listener_recovers_after_its_connection_is_killed(db, listening, databas
     assert recorder.all == 2
     insert(db, "after", "after.N")
     _wait(lambda: "after" in recorder.woken)
+
+
+def test_listener_recovers_after_a_database_restart():
+    """On a private server it may restart: the listener reconnects by itself,
+    wakes every poller once connected again (rows written while it was deaf),
+    and routes new notifications."""
+    from chaos_server import ChaosServer
+
+    from lib.db import DB
+    from lib.migrate import migrate
+
+    with ChaosServer() as server:
+        url = server.database("listen")
+        db = DB.connect(url, size=2)
+        migrate(db)
+        recorder = Recorder()
+        listener = Listener(url, recorder.wake, recorder.wake_all)
+        stop = Event()
+        g = gevent.spawn(listener.run, stop)
+        try:
+            assert listener.listening.wait(10)
+            server.restart(down_seconds=1.0)
+            _wait(lambda: listener.connections == 2, timeout=60)
+            assert recorder.all == 2
+            insert(db, "back", "back.N")  # the pool drops its dead connections by itself
+            _wait(lambda: "back" in recorder.woken)
+        finally:
+            stop.set()
+            g.kill()
+            db.close()
