@@ -4,6 +4,7 @@ monkey.patch_all()  # before anything imports socket, ssl or threading users
 
 import uuid  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
+from contextlib import contextmanager  # noqa: E402
 from pathlib import Path  # noqa: E402
 from urllib.parse import urlsplit, urlunsplit  # noqa: E402
 
@@ -31,22 +32,30 @@ def server_url() -> str:
     return embedded.database_url(ROOT / ".pgdata" / "test")
 
 
-@pytest.fixture(scope="session")
-def database_url(server_url: str) -> Iterator[str]:
-    """A fresh database for this run, dropped at the end, so runs never meet."""
-    name = f"jobs_test_{uuid.uuid4().hex[:10]}"
+@contextmanager
+def scratch_database(server_url: str, prefix: str) -> Iterator[str]:
+    """The URL of a new, empty database on the server, dropped afterwards."""
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
     admin = psycopg2.connect(server_url)
     admin.autocommit = True
-    with admin.cursor() as cur:
-        cur.execute(f"CREATE DATABASE {name}")
-    url = _with_database(server_url, name)
-    db = DB.connect(url, size=2)
-    migrate(db)
-    db.close()
-    yield url
-    with admin.cursor() as cur:
-        cur.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-    admin.close()
+    try:
+        with admin.cursor() as cur:
+            cur.execute(f"CREATE DATABASE {name}")
+        yield _with_database(server_url, name)
+        with admin.cursor() as cur:
+            cur.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    finally:
+        admin.close()
+
+
+@pytest.fixture(scope="session")
+def database_url(server_url: str) -> Iterator[str]:
+    """A fresh, migrated database for this run, so runs never meet."""
+    with scratch_database(server_url, "jobs_test") as url:
+        db = DB.connect(url, size=2)
+        migrate(db)
+        db.close()
+        yield url
 
 
 @pytest.fixture
@@ -82,13 +91,6 @@ def sentry_events() -> Iterator[list[dict]]:
 
 @pytest.fixture
 def empty_database(server_url: str) -> Iterator[str]:
-    """The URL of a new, empty database (no migrations), dropped afterwards."""
-    name = f"jobs_empty_{uuid.uuid4().hex[:10]}"
-    admin = psycopg2.connect(server_url)
-    admin.autocommit = True
-    with admin.cursor() as cur:
-        cur.execute(f"CREATE DATABASE {name}")
-    yield _with_database(server_url, name)
-    with admin.cursor() as cur:
-        cur.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-    admin.close()
+    """The URL of a new database with no migrations applied."""
+    with scratch_database(server_url, "jobs_empty") as url:
+        yield url
