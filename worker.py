@@ -16,7 +16,7 @@ from gevent.event import Event  # noqa: E402
 
 from lib import embedded, errors, registry_check  # noqa: E402
 from lib.clock import Clock, Scheduled  # noqa: E402
-from lib.db import DB  # noqa: E402
+from lib.db import DB, is_conn_failure  # noqa: E402
 from lib.errors import Outage  # noqa: E402
 from lib.leases import LEASE_SECONDS, Leases  # noqa: E402
 from lib.migrate import migrate  # noqa: E402
@@ -50,8 +50,7 @@ def main(registry: Registry, argv: Sequence[str] | None = None, schedule: Sequen
     if args.command == "check":
         # Needs no database: it reads the code, the SQL files and the schedule.
         return registry_check.main(list(registry), list(schedule), Path(__file__).resolve().parent)
-    url = embedded.database_url()
-    db = DB.connect(url, size=len(registry) + POOL_BUFFER)
+    db = _connect(embedded.database_url(), size=len(registry) + POOL_BUFFER)
     try:
         migrate(db)
         if args.command in (None, "run"):
@@ -59,6 +58,25 @@ def main(registry: Registry, argv: Sequence[str] | None = None, schedule: Sequen
         return _operate(db, args)
     finally:
         db.close()
+
+
+def _connect(url: str, size: int) -> DB:
+    """The pool, once the database answers: a worker started while it is down
+    (a host reboot, say) waits for it instead of dying, and reports once."""
+    outage = Outage("database at start")
+    wait = 1.0
+    while True:
+        try:
+            db = DB.connect(url, size=size)
+        except Exception as exc:
+            if not is_conn_failure(exc):
+                raise
+            outage.failed(exc)
+            gevent.sleep(wait)
+            wait = min(wait * 2, 30.0)
+            continue
+        outage.recovered()
+        return db
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -64,6 +64,8 @@ class Snooze(Exception):
     not counted, nothing is reported, and the status says why."""
 
     def __init__(self, seconds: float, status: str) -> None:
+        if st.kind(status) is not st.Kind.SKIP:
+            raise ValueError(f"a snoozed job's status is a skip, not {status!r}")
         super().__init__(status)
         self.seconds = max(0.0, seconds)
         self.status = status

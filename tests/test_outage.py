@@ -3,7 +3,7 @@ import logging
 import gevent
 from gevent.event import Event
 from proxy import Proxy
-from tests_support import count_jobs
+from tests_support import count_jobs, start_worker, wait_for
 
 from lib.db import DB
 from lib.errors import Outage
@@ -59,3 +59,27 @@ def test_two_outages_are_two_events(sentry_events):
     outage.failed(OSError("down again"))
     outage.recovered()
     assert len(sentry_events) == 2
+
+
+def test_a_worker_started_while_the_database_is_down_waits_for_it(db, database_url):
+    """The worker process starts behind a proxy that refuses it, keeps trying,
+    and works once the database answers."""
+    db.exec(
+        "CREATE TABLE IF NOT EXISTS probe_runs (job_id bigint, event text, at timestamptz DEFAULT clock_timestamp())"
+    )
+    proxy = Proxy(database_url)
+    proxy.down()
+    proc = start_worker(proxy.url)
+    try:
+        gevent.sleep(2.5)  # a few refused attempts
+        assert proc.poll() is None, proc.stdout.read()
+        proxy.up()
+        job_id = insert(db, "probe", "probe.Sleep", {"seconds": 0})
+        wait_for(lambda: count_jobs(db, f"id = {job_id} AND status = 'ok'") == 1, timeout=60)
+        proc.terminate()
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+        proxy.close()
+    assert proc.returncode == 0, out
+    assert "database at start failing" in out and "database at start recovered" in out

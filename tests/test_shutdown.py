@@ -1,15 +1,9 @@
-import os
 import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
+from tests_support import start_worker, wait_for
 
 from lib.insert import insert
-
-APP = Path(__file__).parent / "apps" / "probe_worker.py"
 
 
 @pytest.fixture
@@ -17,24 +11,6 @@ def probe_db(db):
     db.exec("DROP TABLE IF EXISTS probe_runs")
     db.exec("CREATE TABLE probe_runs (job_id bigint, event text, at timestamptz DEFAULT clock_timestamp())")
     return db
-
-
-def start_worker(database_url: str, *args: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, str(APP), *args],
-        env={**os.environ, "DATABASE_URL": database_url, "LOG_LEVEL": "INFO"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-
-
-def wait_for(predicate, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out waiting")
-        time.sleep(0.05)
 
 
 def sigterm_during(db, database_url: str, job_id: int, window: float) -> tuple[int, str]:

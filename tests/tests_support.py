@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from lib.db import DB
@@ -24,3 +25,24 @@ def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 60
         text=True,
         timeout=timeout,
     )
+
+
+PROBE_WORKER = ROOT / "tests" / "apps" / "probe_worker.py"
+
+
+def start_worker(database_url: str, *args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, str(PROBE_WORKER), *args],
+        env={**os.environ, "DATABASE_URL": database_url, "LOG_LEVEL": "INFO"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def wait_for(predicate, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out waiting")
+        time.sleep(0.05)
