@@ -23,10 +23,8 @@ import argparse
 import cProfile
 import importlib.util
 import io
-import json
 import logging
 import os
-import platform
 import pstats
 import re
 import shutil
@@ -34,12 +32,9 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import gevent
 import psycopg2
@@ -50,14 +45,28 @@ ROOT = Path(__file__).resolve().parent.parent
 # Run as a script, sys.path[0] is bench/; lib/ lives at the project root.
 sys.path.insert(0, str(ROOT))
 
-from lib import embedded
+from bench.common import (
+    Server,
+    admin_connect,
+    context_lines,
+    create_database,
+    describe,
+    drop_database,
+    get_server,
+    load_average,
+    machine,
+    machine_line,
+    migrate_database,
+    revision,
+    save,
+    server_record,
+    timestamp,
+    with_database,
+)
 from lib.db import DB
 from lib.insert import Job, insert_many
-from lib.migrate import migrate
 from lib.poller import PendingJob, Poller
 
-DATA_DIR = ROOT / ".pgdata" / "bench"
-RESULTS_DIR = ROOT / "bench" / "results"
 TARGET_RATIO = 1 / 3
 JOB_NAME = "q.Noop"
 # Connections beyond one per poller, as worker.py sizes its pool.
@@ -73,66 +82,6 @@ AUTO_SECONDS = 10.0
 INSERT_CHUNK = 10_000
 
 log = logging.getLogger("bench")
-
-
-# ---------------------------------------------------------------- the server
-
-
-@dataclass
-class Server:
-    url: str  # the server's own URL (its default database)
-    source: str  # "DATABASE_URL" or "embedded"
-    version: str = ""
-    settings: dict[str, str] = field(default_factory=dict)
-
-
-def get_server() -> Server:
-    source = "DATABASE_URL" if os.environ.get("DATABASE_URL") else "embedded"
-    return Server(embedded.database_url(DATA_DIR), source)
-
-
-def with_database(url: str, name: str) -> str:
-    """url pointing at another database of the same server."""
-    if "://" not in url:  # a keyword DSN: a later dbname wins
-        return f"{url} dbname={name}"
-    return urlunsplit(urlsplit(url)._replace(path="/" + name))
-
-
-def redact(url: str) -> str:
-    """url without its password, for the printed and stored results."""
-    parts = urlsplit(url)
-    if "://" not in url or not parts.password:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
-
-
-def admin_connect(url: str) -> psycopg2.extensions.connection:
-    conn = psycopg2.connect(url, application_name="jobs-bench")
-    conn.autocommit = True
-    return conn
-
-
-def describe(admin: psycopg2.extensions.connection, server: Server) -> None:
-    """The server's version and the settings that decide what a commit costs."""
-    with admin.cursor() as cur:
-        cur.execute("SHOW server_version")
-        server.version = cur.fetchone()[0]
-        for name in ("synchronous_commit", "fsync", "wal_sync_method", "ssl"):
-            cur.execute(f"SHOW {name}")
-            server.settings[name] = cur.fetchone()[0]
-
-
-def create_database(admin: psycopg2.extensions.connection) -> str:
-    name = f"jobs_bench_{uuid.uuid4().hex[:10]}"
-    with admin.cursor() as cur:
-        cur.execute(f"CREATE DATABASE {name}")
-    return name
-
-
-def drop_database(admin: psycopg2.extensions.connection, name: str) -> None:
-    with admin.cursor() as cur:
-        cur.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
 # ---------------------------------------------------------------- commit rate
@@ -404,23 +353,6 @@ def print_profile(profiler: cProfile.Profile, queues: int) -> None:
 # ---------------------------------------------------------------- report
 
 
-def revision() -> dict[str, Any] | None:
-    """The commit measured, and whether the code under it had local changes:
-    a number means little without the code it came from."""
-    try:
-        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-        changes = subprocess.run(
-            ["git", "-C", str(ROOT), "status", "--porcelain", "--", "lib", "sql", "worker.py"],
-            capture_output=True,
-            text=True,
-        )
-    except OSError:
-        return None
-    if head.returncode != 0:
-        return None
-    return {"commit": head.stdout.strip(), "local_changes": bool(changes.stdout.strip())}
-
-
 def auto_jobs(commit_tps: float, queues: int) -> int:
     """About AUTO_SECONDS of work at the target rate, a multiple of the queue count."""
     jobs = int(commit_tps * TARGET_RATIO * AUTO_SECONDS)
@@ -433,21 +365,10 @@ def report(
 ) -> dict[str, Any]:
     one = phases[0]
     return {
-        "timestamp": datetime.now(UTC).isoformat(timespec="seconds"),
-        "server": {
-            "source": server.source,
-            "url": redact(server.url),
-            "version": server.version,
-            **server.settings,
-        },
+        "timestamp": timestamp(),
+        "server": server_record(server),
         "revision": revision(),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-            # Other work on the machine shows here first; a busy machine makes every number noisy.
-            "load_average_1m": {"start": load_at_start, "end": round(os.getloadavg()[0], 2)},
-        },
+        "machine": machine(load_at_start),
         "options": options,
         "commit_rate": asdict(rate),
         "phases": [asdict(p) for p in phases],
@@ -464,21 +385,11 @@ def _ms(value: float | None) -> str:
 
 
 def print_table(result: dict[str, Any]) -> None:
-    server, rate = result["server"], result["commit_rate"]
+    rate = result["commit_rate"]
     print()
-    print(f"server       PostgreSQL {server['version']} ({server['source']}: {server['url']})")
-    print(
-        f"settings     synchronous_commit={server['synchronous_commit']} fsync={server['fsync']}"
-        f" wal_sync_method={server['wal_sync_method']} ssl={server['ssl']}"
-    )
-    rev = result["revision"]
-    if rev:
-        dirty = " with uncommitted changes to lib/, sql/ or worker.py" if rev["local_changes"] else ""
-        print(f"code         commit {rev['commit']}{dirty}")
+    print("\n".join(context_lines(result)))
     print(f"pgbench      {rate['version']}, -c 1 -j 1 -T {rate['seconds']}, one single-row UPDATE per commit")
-    machine = result["machine"]
-    load = machine["load_average_1m"]
-    print(f"machine      {machine['cpus']} cpus, load average {load['start']} at start, {load['end']} at end")
+    print(machine_line(result))
     print()
     columns = ("rate/s", "ratio", "ms each", "client cpu", "server cpu", "xacts/job")
     print(f"{'measure':<20}" + "".join(f"{c:>11}" for c in columns))
@@ -502,14 +413,6 @@ def print_table(result: dict[str, Any]) -> None:
         f"\ntarget: one queue >= 1/3 of the commit rate ({target['jobs_per_s']:.0f} jobs/s): {verdict}"
         f" (measured {result['phases'][0]['jobs_per_s']:.0f} jobs/s, ratio {result['phases'][0]['ratio']:.2f})"
     )
-
-
-def save(result: dict[str, Any]) -> Path:
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    path = RESULTS_DIR / f"throughput-{stamp}.json"
-    path.write_text(json.dumps(result, indent=2) + "\n")
-    return path
 
 
 # ---------------------------------------------------------------- main
@@ -545,7 +448,7 @@ def setup_logging(log_jobs: bool) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     setup_logging(args.log_jobs)
-    load_at_start = round(os.getloadavg()[0], 2)
+    load_at_start = load_average()
     server = get_server()
     admin = admin_connect(server.url)
     describe(admin, server)
@@ -553,9 +456,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"PostgreSQL {server.version} ({server.source}), bench database {name}", flush=True)
     try:
         url = with_database(server.url, name)
-        migrator = DB.connect(url, size=1)
-        migrate(migrator)
-        migrator.close()
+        migrate_database(url)
 
         print(f"pgbench: {args.pgbench_seconds} s of single-row commits ...", flush=True)
         rate = measure_commit_rate(url, args.pgbench_seconds)
@@ -573,7 +474,7 @@ def main(argv: list[str] | None = None) -> int:
     options = {"jobs": jobs, "queues": args.queues, "log_jobs": args.log_jobs, "profile": args.profile}
     result = report(server, rate, phases, options, load_at_start)
     print_table(result)
-    print(f"\nsaved {save(result).relative_to(ROOT)}")
+    print(f"\nsaved {save(result, 'throughput').relative_to(ROOT)}")
     return 0
 
 

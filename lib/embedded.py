@@ -48,6 +48,8 @@ def _pgserver(data_dir: Path) -> str:
         warnings.simplefilter("ignore")
         import pgserver
 
+        # Its INFO lines narrate each start step; our own line says where it runs.
+        logging.getLogger("pgserver").setLevel(logging.WARNING)
         data_dir.mkdir(parents=True, exist_ok=True)
         # Stopped when the last process that started it through pgserver exits.
         server = pgserver.get_server(data_dir, cleanup_mode="stop")
