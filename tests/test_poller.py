@@ -374,3 +374,30 @@ def test_racing_claimers_keep_fifo(db):
         assert dict(db.query("SELECT id, status FROM jobs")) == {head: "started", second: "pending"}
     finally:
         db.exec("DROP TRIGGER slow_a ON jobs")
+
+
+def test_a_job_longer_than_its_lease_is_never_rescued_while_it_runs(db):
+    """Lease 1 s, job 2.5 s: the heartbeat renews it, another process's rescue
+    passes it over, and the outcome is written."""
+    poller = Poller("long", db, {"long.N": lambda job: gevent.sleep(2.5) or "ok"})
+    poller.lease = 1.0
+    mine = Leases(db, lambda: [j.id for j in poller.running.values()], lease=1.0)
+    elsewhere = Leases(db, list, worker_id="another-process")
+    job_id = insert(db, "long", "long.N")
+    stop = Event()
+    keeper = gevent.spawn(mine.run, stop)
+    runner = gevent.spawn(poller.work_once)
+    rescued = []
+    try:
+        for _ in range(12):
+            gevent.sleep(0.25)
+            rescued += elsewhere.rescue()
+        assert runner.get(timeout=10) == "ok"
+    finally:
+        stop.set()
+        keeper.kill()
+    assert rescued == []
+    assert db.query_row("SELECT status, lease_until FROM jobs WHERE id = %s", (job_id,)) == ("ok", None)
+    # A finished row carries no lease, so no later rescue can touch it.
+    db.exec("UPDATE jobs SET started_at = now() - interval '1 day' WHERE id = %s", (job_id,))
+    assert elsewhere.rescue(legacy_age=0) == []
