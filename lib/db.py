@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import select
 import sys
 import threading
 import time
@@ -153,7 +154,7 @@ class DB(_Runner):
         size: int = 10,
         *,
         checkout_timeout: float = 30.0,
-        ping_after: float = 1.0,
+        ping_after: float = 300.0,
         connect_timeout: int = 5,
         application_name: str = "jobs",
         prepare: bool = True,
@@ -208,9 +209,16 @@ class DB(_Runner):
         return _Pooled(conn)
 
     def _alive(self, pooled: _Pooled) -> bool:
-        """Check a connection that sat idle for a while before handing it out; a
-        busy pool hands out connections it used a moment ago and skips the ping."""
+        """Whether an idle connection may be handed out, without a round trip in
+        the common case: an idle connection that has become readable was told
+        by the server it is going away (terminated, shut down) or hit EOF. One
+        idle past ping_after is also pinged, for a peer that vanished silently.
+        A ping on every checkout would double an idle worker's transactions."""
         if pooled.conn.closed:
+            return False
+        readable, _, _ = select.select([pooled.conn], [], [], 0)
+        if readable:
+            pooled.conn.close()
             return False
         if time.monotonic() - pooled.idle_since < self.ping_after:
             return True

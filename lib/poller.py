@@ -96,7 +96,9 @@ class Poller:
         *,
         throttle: Throttle | None = None,
         job_timeout: float = 600.0,
-        poll_interval: float = 60.0,
+        # Only a fallback: LISTEN/NOTIFY wakes a poller, and an idle one sleeps
+        # to its queue's next delayed row or to the end of a pause or throttle.
+        poll_interval: float = 120.0,
         concurrency: int = 1,
         max_attempts: int = 1,
         outage: Outage | None = None,

@@ -20,18 +20,28 @@ def test_server_error_is_not_a_conn_failure_and_keeps_the_connection(database_ur
 
 
 def test_killed_connection_is_a_conn_failure_and_is_discarded(database_url, db):
-    pool = DB.connect(database_url, size=1, ping_after=3600, application_name="t-killed")
-    pid = pool.query_row("SELECT pg_backend_pid()")[0]
-    db.exec("SELECT pg_terminate_backend(%s)", (pid,))
-    with pytest.raises(psycopg2.Error) as info:
-        pool.query_row("SELECT 1")
+    pool = DB.connect(database_url, size=1, application_name="t-killed")
+    with pytest.raises(psycopg2.Error) as info, pool.transaction() as tx:
+        pid = tx.query_row("SELECT pg_backend_pid()")[0]
+        db.exec("SELECT pg_terminate_backend(%s)", (pid,))
+        gevent.sleep(0.1)
+        tx.query_row("SELECT 1")
     assert is_conn_failure(info.value)
     # The dead connection was not returned: the next call gets a new one.
     assert pool.query_row("SELECT pg_backend_pid()")[0] != pid
     pool.close()
 
 
-def test_idle_connection_is_checked_before_handout(database_url, db):
+def test_idle_connection_told_to_go_is_dropped_without_a_round_trip(database_url, db):
+    pool = DB.connect(database_url, size=1, application_name="t-told")
+    pid = pool.query_row("SELECT pg_backend_pid()")[0]
+    db.exec("SELECT pg_terminate_backend(%s)", (pid,))
+    gevent.sleep(0.1)
+    assert pool.query_row("SELECT pg_backend_pid()")[0] != pid  # no error reached the caller
+    pool.close()
+
+
+def test_long_idle_connection_is_pinged_before_handout(database_url, db):
     pool = DB.connect(database_url, size=1, ping_after=0, application_name="t-ping")
     pid = pool.query_row("SELECT pg_backend_pid()")[0]
     db.exec("SELECT pg_terminate_backend(%s)", (pid,))

@@ -218,26 +218,41 @@ def test_a_failed_job_with_attempts_left_is_retried_later(db):
 
 
 def test_finalize_survives_its_connection_being_killed(database_url, db, caplog):
-    """The handler kills the pool's connections mid-job (the claim's connection
-    is idle in the pool); the finalize finds its connection dead, runs once more
-    on a fresh one, and the outcome is written."""
-    pool = DB.connect(database_url, size=2, ping_after=3600, application_name="jobs-victim")
+    """The finalize's connection is killed while the statement is in flight (a
+    trigger holds it for half a second); it runs once more on a fresh
+    connection, and the outcome is written."""
+    db.exec(
+        "CREATE OR REPLACE FUNCTION slow_finalize() RETURNS trigger LANGUAGE plpgsql AS $$ "
+        "BEGIN IF NEW.status = 'ok: survived' THEN PERFORM pg_sleep(0.5); END IF; RETURN NEW; END $$"
+    )
+    db.exec("CREATE TRIGGER slow_finalize BEFORE UPDATE ON jobs FOR EACH ROW EXECUTE FUNCTION slow_finalize()")
+    pool = DB.connect(database_url, size=2, application_name="jobs-victim")
+    killed = []
+
+    def kill_during_finalize():
+        gevent.sleep(0.25)  # the handler has returned; the finalize sleeps in its trigger
+        killed.extend(
+            db.query(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE application_name = 'jobs-victim' AND query LIKE 'EXECUTE job_finalize%%'"
+            )
+        )
 
     def handler(job):
-        killed = db.query(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'jobs-victim'"
-        )
-        assert killed, "no connection to kill"
-        gevent.sleep(0.1)
+        gevent.spawn(kill_during_finalize)
         return st.ok("survived")
 
     poller = Poller("q", pool, {"q.N": handler})
     job_id = insert(db, "q", "q.N")
-    with caplog.at_level(logging.WARNING, logger="jobs"):
-        assert poller.work_once() == "ok: survived"
+    try:
+        with caplog.at_level(logging.WARNING, logger="jobs"):
+            assert poller.work_once() == "ok: survived"
+    finally:
+        db.exec("DROP TRIGGER slow_finalize ON jobs")
+        pool.close()
+    assert killed == [(True,)]
     assert db.query_row("SELECT status FROM jobs WHERE id = %s", (job_id,)) == ("ok: survived",)
     assert any("finalize lost its connection, once more" in r.getMessage() for r in caplog.records)
-    pool.close()
 
 
 def test_finalize_that_fails_twice_leaves_the_row_to_the_rescue(db, sentry_events):
