@@ -76,6 +76,15 @@ class BadStatus(Exception):
 
 
 @dataclass(frozen=True)
+class Looked:
+    """What a claim found: a job, or None and the seconds until the queue may
+    have work (None: nothing known)."""
+
+    job: PendingJob | None
+    wait: float | None = None
+
+
+@dataclass(frozen=True)
 class Outcome:
     status: str  # what the job reached, as the log and the throttle see it
     error: BaseException | None = None
@@ -165,15 +174,17 @@ class Poller:
     def _loop(self, stop: Event, slot: int) -> None:
         wakeup = self._wakeups[slot]
         retry_wait = 1.0
-        job: PendingJob | None = None  # claimed along with the last outcome
+        # What the last outcome's write found when it looked for the next job:
+        # that job, or None and how long until the queue may have work.
+        looked: Looked | None = None
         # A job claimed with the last outcome runs even if stop came meanwhile:
         # it is claimed, as if stop had come a moment later.
-        while job is not None or not stop.is_set():
-            if job is None:
+        while (looked is not None and looked.job is not None) or not stop.is_set():
+            if looked is None:
                 # Cleared before the claim: a wake that lands after it is not lost.
                 wakeup.clear()
                 try:
-                    job, wait = self._claim(None, slot)
+                    looked = Looked(*self._claim(None, slot))
                 except Exception as exc:
                     self.outage.failed(exc, queue=self.queue)
                     stop.wait(retry_wait)
@@ -181,13 +192,15 @@ class Poller:
                     continue
                 self.outage.recovered()
                 retry_wait = 1.0
-                if job is None:
-                    # The queue's next delayed row, or the end of its pause or
-                    # throttle, when that comes before the fallback poll.
-                    timeout = self.poll_interval if wait is None or wait <= 0 else min(wait, self.poll_interval)
-                    gevent.wait([stop, wakeup], timeout=timeout, count=1)
-                    continue
-            _, job = self._work(job, slot, stop, claim_next=True)
+            if looked.job is None:
+                # The queue's next delayed row, or the end of its pause or
+                # throttle, when that comes before the fallback poll.
+                wait = looked.wait
+                timeout = self.poll_interval if wait is None or wait <= 0 else min(wait, self.poll_interval)
+                gevent.wait([stop, wakeup], timeout=timeout, count=1)
+                looked = None
+                continue
+            _, looked = self._work(looked.job, slot, stop, wakeup)
 
     def work_once(self, job: PendingJob | None = None, *, slot: int = 0, stop: Event | None = None) -> str | None:
         """Claim (the given job, or the queue's next due one), run and finalize it;
@@ -226,17 +239,16 @@ class Poller:
 
     def run(self, job: PendingJob, *, slot: int = 0, stop: Event | None = None) -> str:
         """Run a claimed job to its outcome; the status it reached."""
-        return self._work(job, slot, stop, claim_next=False)[0]
+        return self._work(job, slot, stop, None)[0]
 
-    def _work(
-        self, job: PendingJob, slot: int, stop: Event | None, *, claim_next: bool
-    ) -> tuple[str, PendingJob | None]:
-        """Run a claimed job and write its outcome; with claim_next and no
-        throttle pause due, the write also claims the slot's next job."""
+    def _work(self, job: PendingJob, slot: int, stop: Event | None, wakeup: Event | None) -> tuple[str, Looked | None]:
+        """Run a claimed job and write its outcome. Given the slot's wakeup (the
+        poll loop) and with no throttle pause due, the write also looks for the
+        slot's next job, and says what it found."""
         self.running[slot] = job
         start = time.monotonic()
         outcome: Outcome | None = None
-        following: PendingJob | None = None
+        looked: Looked | None = None
         try:
             outcome = self._outcome(job, self._dispatch(job))
         finally:
@@ -251,9 +263,11 @@ class Poller:
             delay = 0.0 if interrupted else self._delay(outcome, elapsed)
             self.running.pop(slot, None)
             # Whether stop came is asked now, when the job is done, not when it began.
-            wanted = claim_next and not interrupted and delay == 0 and not (stop and stop.is_set())
-            next_slot = slot if wanted else None
-            following = self._finalize(job, outcome, delay, next_slot)
+            look = wakeup is not None and not interrupted and delay == 0 and not (stop and stop.is_set())
+            if look and wakeup is not None:
+                # Cleared before that claim, as in the loop: a wake that lands after it is not lost.
+                wakeup.clear()
+            looked = self._finalize(job, outcome, delay, slot if look else None)
             if interrupted or (stop is not None and stop.is_set()):
                 # This poller gives the queue's slot up: a poller of another
                 # worker may take it now, not at its next fallback poll.
@@ -269,7 +283,7 @@ class Poller:
             )
         if delay > 0:
             (stop or Event()).wait(delay)
-        return outcome.status, following
+        return outcome.status, looked
 
     def _dispatch(self, job: PendingJob) -> str | BaseException:
         """The handler's status, or the exception that stands for its fault."""
@@ -306,7 +320,7 @@ class Poller:
         # Like a rescue: another worker takes the job over when attempts remain.
         return Outcome(st.INTERRUPTED, retry_in=0.0 if job.attempts < job.max_attempts else None)
 
-    def _finalize(self, job: PendingJob, outcome: Outcome, delay: float, next_slot: int | None) -> PendingJob | None:
+    def _finalize(self, job: PendingJob, outcome: Outcome, delay: float, next_slot: int | None) -> Looked | None:
         writer = FINALIZING.spawn(self._write_outcome, job, outcome, delay, next_slot)
         try:
             writer.join()
@@ -315,20 +329,18 @@ class Poller:
             # closed): let it land, and give back a job it claimed, which
             # will now never run here.
             writer.join(FINALIZE_TIMEOUT)
-            if writer.successful() and writer.value is not None:
-                self._release(writer.value)
+            if writer.successful() and writer.value is not None and writer.value.job is not None:
+                self._release(writer.value.job)
             raise
         return writer.value
 
-    def _write_outcome(
-        self, job: PendingJob, outcome: Outcome, delay: float, next_slot: int | None
-    ) -> PendingJob | None:
+    def _write_outcome(self, job: PendingJob, outcome: Outcome, delay: float, next_slot: int | None) -> Looked | None:
         """One update by primary key; with next_slot, sent together with the
         claim of that slot's next job (one round trip, one commit), and written
         alone if that fails. It runs once more on a fresh connection when the
         connection was lost: the update is safe to repeat whether or not the
         first one reached the server, and the pool has discarded the
-        connection that failed. The job claimed with it, if any."""
+        connection that failed. What the claim sent with it found, if it went."""
         params = {
             "id": job.id,
             "worker_id": self.worker_id,
@@ -354,7 +366,7 @@ class Poller:
                 log.debug("queue=%s id=%d outcome and next claim together failed: %s", self.queue, job.id, exc)
             else:
                 self._check_written(job, outcome, row[-1] if row else 0)
-                return _claimed(row)[0]
+                return Looked(*_claimed(row))
         tags = {"queue": self.queue, "job": job.name, "job_id": job.id, "callsite": job.callsite}
         for attempt in (1, 2):
             try:

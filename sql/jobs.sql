@@ -29,7 +29,7 @@ WITH gate AS (
 next AS (
   SELECT id FROM jobs
   WHERE queue = %(queue)s AND status = 'pending' AND run_at <= now()
-    AND (%(id)s::bigint IS NULL OR id = %(id)s::bigint)
+    AND id = coalesce(%(id)s::bigint, id)  -- not an OR: that makes the cached plan look dear, and every claim re-planned
     AND NOT EXISTS (SELECT 1 FROM gate)
   ORDER BY priority DESC, run_at, id
   LIMIT 1

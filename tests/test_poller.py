@@ -15,6 +15,7 @@ from lib.db import DB
 from lib.insert import insert
 from lib.leases import Leases
 from lib.poller import Poller
+from lib.sql import Q
 
 
 def _poll_until(poller: Poller, done, timeout: float = 20) -> None:
@@ -349,8 +350,8 @@ def test_when_the_claim_sent_with_an_outcome_fails_the_outcome_is_written_alone(
     # A lease the server cannot add to now(): the claim half fails with a real
     # server error and takes the whole transaction with it.
     poller.lease = 1e300
-    status, following = poller._work(job, 0, None, claim_next=True)
-    assert (status, following) == ("ok", None)
+    status, looked = poller._work(job, 0, None, Event())
+    assert (status, looked) == ("ok", None)  # the write went alone, and did not look
     assert dict(db.query("SELECT id, status FROM jobs")) == {first: "ok", second: "pending"}
 
 
@@ -416,3 +417,43 @@ def test_a_job_longer_than_its_lease_is_never_rescued_while_it_runs(db):
     # A finished row carries no lease, so no later rescue can touch it.
     db.exec("UPDATE jobs SET started_at = now() - interval '1 day' WHERE id = %s", (job_id,))
     assert elsewhere.rescue(legacy_age=0) == []
+
+
+class CountingDB(DB):
+    """The real pool, counting the named claim and finalize statements it runs."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.sent: list[str] = []
+
+    def query_row(self, sql, params=None):
+        self.sent += [name for name, text in (("claim", Q.job_claim), ("finalize", Q.job_finalize)) if sql == text]
+        return super().query_row(sql, params)
+
+    def query_row_last(self, statements):
+        self.sent.append("finalize+claim")
+        return super().query_row_last(statements)
+
+
+def test_a_lone_job_costs_two_round_trips(database_url, db):
+    """Woken for one job: one claim, then its outcome written with a look for
+    the next one, which finds none; the poller then sleeps without claiming again."""
+    pool = CountingDB(database_url, size=2)
+    poller = Poller("lone", pool, {"lone.N": lambda job: "ok"}, poll_interval=60)
+    stop = Event()
+    g = gevent.spawn(poller.poll, stop)
+    try:
+        gevent.sleep(0.2)
+        assert pool.sent == ["claim"]  # found nothing at start
+        insert(db, "lone", "lone.N")
+        poller.wake()
+        with gevent.Timeout(10):
+            while count_jobs(db, "status = 'ok'") < 1:
+                gevent.sleep(0.02)
+        gevent.sleep(0.3)
+        assert pool.sent == ["claim", "claim", "finalize+claim"]
+    finally:
+        stop.set()
+        poller.wake()
+        g.get(timeout=10)
+        pool.close()
