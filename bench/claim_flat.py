@@ -46,14 +46,11 @@ from bench.common import (
     context_lines,
     get_server,
     load_average,
-    machine,
     machine_line,
     percentile,
-    revision,
+    run_record,
     save,
     scratch_database,
-    server_record,
-    timestamp,
 )
 from lib.db import DB
 from lib.insert import Job, insert_many
@@ -328,10 +325,7 @@ def report(
     first, big = phases[0], phases[1]
     ratio = big.claim_ms.p50 / first.claim_ms.p50 if first.claim_ms and big.claim_ms else None
     return {
-        "timestamp": timestamp(),
-        "server": server_record(scratch.server),
-        "revision": revision(),
-        "machine": machine(load),
+        **run_record(scratch.server, load),
         "options": {
             "finished": args.finished,
             "pending": args.pending,

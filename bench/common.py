@@ -169,6 +169,16 @@ def timestamp() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
+def run_record(server: Server, load_at_start: float) -> dict[str, Any]:
+    """What every result starts with: when, on which server, which code, which machine."""
+    return {
+        "timestamp": timestamp(),
+        "server": server_record(server),
+        "revision": revision(),
+        "machine": machine(load_at_start),
+    }
+
+
 def context_lines(result: dict[str, Any]) -> list[str]:
     """The server, its commit settings and the code, as the tables print them."""
     server = result["server"]

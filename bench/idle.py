@@ -45,13 +45,10 @@ from bench.common import (
     context_lines,
     get_server,
     load_average,
-    machine,
     machine_line,
-    revision,
+    run_record,
     save,
     scratch_database,
-    server_record,
-    timestamp,
 )
 from lib.db import DB
 from lib.leases import LEASE_SECONDS
@@ -227,10 +224,7 @@ def report(scratch: Scratch, window: Window, args: argparse.Namespace, load: flo
     poll_interval, ping_after = default_poll_interval(), default_ping_after()
     per_minute = window.per_minute(window.server_xacts)
     return {
-        "timestamp": timestamp(),
-        "server": server_record(scratch.server),
-        "revision": revision(),
-        "machine": machine(load),
+        **run_record(scratch.server, load),
         "options": {"queues": args.queues, "window_s": args.window, "settle_s": args.settle},
         "worker": {
             "poll_interval_s": poll_interval,

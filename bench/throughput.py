@@ -54,13 +54,10 @@ from bench.common import (
     drop_database,
     get_server,
     load_average,
-    machine,
     machine_line,
     migrate_database,
-    revision,
+    run_record,
     save,
-    server_record,
-    timestamp,
     with_database,
 )
 from lib.db import DB
@@ -365,10 +362,7 @@ def report(
 ) -> dict[str, Any]:
     one = phases[0]
     return {
-        "timestamp": timestamp(),
-        "server": server_record(server),
-        "revision": revision(),
-        "machine": machine(load_at_start),
+        **run_record(server, load_at_start),
         "options": options,
         "commit_rate": asdict(rate),
         "phases": [asdict(p) for p in phases],

@@ -47,14 +47,11 @@ from bench.common import (
     context_lines,
     get_server,
     load_average,
-    machine,
     machine_line,
     percentile,
-    revision,
+    run_record,
     save,
     scratch_database,
-    server_record,
-    timestamp,
 )
 from lib.db import DB
 from lib.poller import PendingJob, Poller
@@ -283,10 +280,7 @@ def measure(scratch: Scratch, args: argparse.Namespace) -> tuple[Single, Bulk, i
 
 def report(scratch: Scratch, single: Single, bulk: Bulk, wake_alls: int, args: argparse.Namespace, load: float):
     return {
-        "timestamp": timestamp(),
-        "server": server_record(scratch.server),
-        "revision": revision(),
-        "machine": machine(load),
+        **run_record(scratch.server, load),
         "options": {
             "count": args.count,
             "gap_s": [args.gap_min, args.gap_max],
