@@ -9,12 +9,13 @@ import signal  # noqa: E402
 import sys  # noqa: E402
 from collections.abc import Callable, Sequence  # noqa: E402
 from datetime import UTC, datetime, timedelta  # noqa: E402
+from functools import partial  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import gevent  # noqa: E402
 from gevent.event import Event  # noqa: E402
 
-from lib import embedded, errors, registry_check  # noqa: E402
+from lib import blocked, embedded, errors, registry_check  # noqa: E402
 from lib.clock import Clock, Scheduled  # noqa: E402
 from lib.db import DB, is_conn_failure  # noqa: E402
 from lib.errors import Outage  # noqa: E402
@@ -24,6 +25,7 @@ from lib.poller import FINALIZING, Poller  # noqa: E402
 from lib.queue_state import AUTH_PREFIX, pause, resume  # noqa: E402
 from lib.redrive import redrive  # noqa: E402
 from lib.sql import Q  # noqa: E402
+from lib.supervise import Supervisor  # noqa: E402
 from lib.wakeups import Listener  # noqa: E402
 
 log = logging.getLogger("jobs.worker")
@@ -37,7 +39,6 @@ SHUTDOWN_WINDOW = float(os.environ.get("JOBS_SHUTDOWN_WINDOW", "30"))
 # How long a started row holds without renewal; a dead worker's jobs are taken
 # back after about this long.
 LEASE = float(os.environ.get("JOBS_LEASE_SECONDS", LEASE_SECONDS))
-RESTART_DELAY = 5.0
 
 
 def main(registry: Registry, argv: Sequence[str] | None = None, schedule: Sequence[Scheduled] = ()) -> int:
@@ -130,34 +131,37 @@ def run(
     lease: float = LEASE,
     schedule: Sequence[Scheduled] = (),
     stop: Event | None = None,
+    supervisor: Supervisor | None = None,
 ) -> int:
-    """One greenlet per poller until SIGTERM/SIGINT (or stop); then stop
-    claiming, give running jobs the shutdown window, and write off the rest."""
+    """One supervised greenlet per poller slot, and the listener, the lease
+    keeper and the clock, until SIGTERM/SIGINT (or stop); then stop claiming,
+    give running jobs the shutdown window, and write off the rest."""
     stop = stop or Event()
+    supervisor = supervisor or Supervisor(stop)
     # One report for an outage of the database, not one per queue or part.
     outage = Outage("database")
     pollers = _start_pollers(db, registry)
+    leases = Leases(db, lease=lease, legacy_age=max((p.job_timeout for p in pollers), default=600.0) + 60)
+    leases.outage = outage
     for poller in pollers:
         poller.outage = outage
-        poller.lease = lease
+        poller.leases = leases
     slots = sum(p.concurrency for p in pollers)
     if slots > len(pollers):
         db.grow(slots - len(pollers))
-    leases = Leases(
-        db,
-        lambda: [job.id for p in pollers for job in p.running.values()],
-        lease=lease,
-        legacy_age=max((p.job_timeout for p in pollers), default=600.0) + 60,
-    )
-    leases.outage = outage
     listener = Listener(db.dsn, wake=_router(pollers), wake_all=lambda: _wake(pollers), outage=outage)
     for signum in (signal.SIGTERM, signal.SIGINT):
         gevent.signal_handler(signum, stop.set)
+    blocked.watch(leases.lease / 3)
 
-    helpers = [gevent.spawn(leases.run, stop), gevent.spawn(listener.run, stop)]
+    helpers = [supervisor.spawn("leases", leases.run), supervisor.spawn("listener", listener.run)]
     if schedule:
-        helpers.append(gevent.spawn(Clock(db, list(schedule)).run, stop))
-    greenlets = [gevent.spawn(_supervise, p, stop) for p in pollers]
+        helpers.append(supervisor.spawn("clock", Clock(db, list(schedule)).run))
+    greenlets = [
+        supervisor.spawn(f"queue={p.queue} slot={slot}", partial(p.run_slot, slot=slot))
+        for p in pollers
+        for slot in range(p.concurrency)
+    ]
     log.info("worker %s running %d queues: %s", leases.worker_id, len(pollers), ", ".join(p.queue for p in pollers))
     stop.wait()
 
@@ -203,18 +207,6 @@ def _start_pollers(db: DB, registry: Registry) -> list[Poller]:
             log.info("queue=%s auth pause ended at start", poller.queue)
         pollers.append(poller)
     return pollers
-
-
-def _supervise(poller: Poller, stop: Event) -> None:
-    """A poller that dies of a bug is reported and started again, so one bad
-    queue never takes the worker down."""
-    while not stop.is_set():
-        try:
-            poller.poll(stop)
-        except Exception as exc:
-            log.exception("queue=%s poller crashed; restarting in %gs", poller.queue, RESTART_DELAY)
-            errors.capture(exc, message="poller crashed", queue=poller.queue)
-            stop.wait(RESTART_DELAY)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ is_conn_failure() instead of inspecting driver errors themselves.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import select
@@ -22,7 +23,7 @@ import psycopg2
 import psycopg2.errors
 import psycopg2.extensions
 
-from lib.sql import STATEMENTS
+from lib.sql import STATEMENTS, Q
 
 log = logging.getLogger("jobs.db")
 
@@ -54,30 +55,83 @@ def is_unique_violation(exc: BaseException) -> bool:
     return isinstance(exc, psycopg2.errors.UniqueViolation)
 
 
-def _reusable_after(exc: BaseException) -> bool:
-    """A connection is returned to the pool only after a plain server error
-    (bad SQL, a constraint); after anything else, a timeout or a greenlet kill
-    in the middle of a query included, its state is unknown."""
+def is_server_error(exc: BaseException) -> bool:
+    """The server answered that it refused the statement (bad SQL, a
+    constraint, a bad value): nothing of its transaction committed, and the
+    connection is fine. After anything else, a timeout or a greenlet kill in
+    the middle of a query included, what the server did is not known."""
     return isinstance(exc, psycopg2.Error) and exc.pgcode is not None and not is_conn_failure(exc)
+
+
+def is_data_error(exc: BaseException) -> bool:
+    """The server refused a value: a data exception (an infinite timestamp
+    subtracted, an integer out of range) or a program limit (a value too
+    deep or too large)."""
+    return is_server_error(exc) and str(getattr(exc, "pgcode", ""))[:2] in ("22", "54")
+
+
+# A connection is returned to the pool only after a plain server error.
+_reusable_after = is_server_error
 
 
 def _cooperate() -> None:
     """Under gevent's monkey-patching, psycopg2 must yield to the hub while it
-    waits on the server; psycogreen installs that wait callback. Without it a
-    query would block every greenlet of the process."""
+    waits on the server; without that a query would block every greenlet of
+    the process. Installs psycogreen's wait callback for the hub's thread."""
     monkey = sys.modules.get("gevent.monkey")
     if monkey is None or not monkey.is_module_patched("socket"):
         return
     if psycopg2.extensions.get_wait_callback() is None:
-        from psycogreen.gevent import patch_psycopg
+        from psycogreen.gevent import gevent_wait_callback
 
-        patch_psycopg()
+        hub_thread = monkey.get_original("_thread", "get_ident")()
+        psycopg2.extensions.set_wait_callback(_thread_aware(gevent_wait_callback, hub_thread, monkey))
+
+
+def _thread_aware(green: Any, hub_thread: int, monkey: Any) -> Any:
+    """psycogreen's callback in the hub's thread; a plain blocking wait in any
+    other native thread (the lease renewal), which has no hub to yield to."""
+    get_ident = monkey.get_original("_thread", "get_ident")
+    native_select = monkey.get_original("select", "select")
+
+    def wait(conn: psycopg2.extensions.connection, timeout: float | None = None) -> None:
+        if get_ident() == hub_thread:
+            green(conn, timeout)
+            return
+        while (state := conn.poll()) != psycopg2.extensions.POLL_OK:
+            if state == psycopg2.extensions.POLL_READ:
+                native_select([conn.fileno()], [], [], timeout)
+            elif state == psycopg2.extensions.POLL_WRITE:
+                native_select([], [conn.fileno()], [], timeout)
+            else:
+                raise psycopg2.OperationalError(f"bad result from poll: {state!r}")
+
+    return wait
+
+
+def connect_options(application_name: str) -> dict[str, Any]:
+    """What every connection of the worker is opened with."""
+    return {
+        "connect_timeout": 5,
+        "application_name": application_name,
+        # A peer that vanished without a FIN is noticed in seconds, not hours.
+        "keepalives": 1,
+        "keepalives_idle": 15,
+        "keepalives_interval": 5,
+        "keepalives_count": 3,
+    }
 
 
 @dataclass
 class _Pooled:
     conn: psycopg2.extensions.connection
     idle_since: float = field(default_factory=time.monotonic)
+    # The server process behind the connection, read once while it is whole:
+    # settle() needs it after the connection is lost.
+    backend_pid: int = 0
+
+    def __post_init__(self) -> None:
+        self.backend_pid = self.conn.info.backend_pid
 
 
 # The named queries each connection has prepared; a connection that is closed
@@ -169,15 +223,7 @@ class DB(_Runner):
         # Off behind a pooler in transaction mode, which cannot keep a
         # connection's prepared statements.
         self.prepare = prepare
-        self._connect_kwargs = {
-            "connect_timeout": connect_timeout,
-            "application_name": application_name,
-            # A peer that vanished without a FIN is noticed in seconds, not hours.
-            "keepalives": 1,
-            "keepalives_idle": 15,
-            "keepalives_interval": 5,
-            "keepalives_count": 3,
-        }
+        self._connect_kwargs = {**connect_options(application_name), "connect_timeout": connect_timeout}
         self._idle: queue.LifoQueue[_Pooled] = queue.LifoQueue()
         self._slots = threading.Semaphore(size)
         self._closed = False
@@ -269,6 +315,10 @@ class DB(_Runner):
         try:
             yield pooled.conn
         except BaseException as exc:
+            if not _reusable_after(exc):
+                # What the statement did on the server is not known; settle() finds out.
+                with contextlib.suppress(AttributeError, TypeError):
+                    exc.backend_pid = pooled.backend_pid  # type: ignore[union-attr]
             self._checkin(pooled, exc)
             raise
         self._checkin(pooled, None)
@@ -277,6 +327,19 @@ class DB(_Runner):
     def _cursor(self) -> Iterator[psycopg2.extensions.cursor]:
         with self._checked_out() as conn, conn.cursor() as cur:
             yield cur
+
+    def settle(self, exc: BaseException, timeout: float = 10.0) -> None:
+        """After a statement failed with its outcome unknown (the connection
+        was lost, or the caller stopped waiting for it), make the outcome
+        final: end the server process that ran it, if it still runs. Its
+        transaction has then committed or never will, and the rows say which.
+        Raises when the server cannot be asked, or the process did not end."""
+        pid = getattr(exc, "backend_pid", None)
+        if not pid:
+            return
+        row = self.query_row(Q.backend_end, {"pid": pid, "timeout_ms": int(timeout * 1000)})
+        if row is not None and not row[0]:
+            raise PoolTimeout(f"server process {pid} did not end within {timeout:g}s")
 
     @contextmanager
     def transaction(self) -> Iterator[Tx]:

@@ -62,6 +62,14 @@ def capture(exc: BaseException, message: str | None = None, **tags: Any) -> None
         sentry_sdk.capture_exception(exc)
 
 
+def capture_message(message: str, level: str = "error", **tags: Any) -> None:
+    """Report something that is not an exception (a blocked hub, say)."""
+    with sentry_sdk.new_scope() as scope:
+        for key, value in tags.items():
+            scope.set_tag(key, value)
+        sentry_sdk.capture_message(message, level=level)  # type: ignore[arg-type]
+
+
 class Outage:
     """One report per run of failures of the same thing.
 

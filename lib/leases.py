@@ -1,5 +1,10 @@
-"""Leases on started rows: this process renews the rows it runs, and takes back
-(rescues) rows whose worker stopped renewing them, wherever that worker was.
+"""Leases on started rows: this process renews the rows it runs, fences a job
+whose lease it could not renew in time, and takes back (rescues) rows whose
+worker stopped renewing them, wherever that worker was.
+
+The renewal runs in a native thread on a connection of its own, so a handler
+that holds the hub (a CPU loop, an unpatched blocking call) cannot let its own
+lease lapse and have the job run a second time elsewhere while it still runs.
 """
 
 from __future__ import annotations
@@ -7,13 +12,18 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
+import gevent
+import psycopg2
 from gevent.event import Event
 
-from lib.db import DB
-from lib.errors import Outage
+from lib.db import DB, connect_options
+from lib.errors import Outage, capture
 from lib.sql import Q
 
 log = logging.getLogger("jobs.leases")
@@ -22,40 +32,114 @@ log = logging.getLogger("jobs.leases")
 # for at most this long (plus one rescue period) before another takes them.
 LEASE_SECONDS = 30.0
 
-# One identity per process, written on each row it claims.
-WORKER_ID = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+# Native sleep: the renewal thread must not touch the hub it stands in for.
+_thread_sleep = gevent.monkey.get_original("time", "sleep")
+_start_thread = gevent.monkey.get_original("_thread", "start_new_thread")
+
+
+def new_worker_id() -> str:
+    """One identity per worker start, written on each row it claims. Made when
+    the worker starts, not at import, so processes forked from one parent
+    never share one."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+class LeaseLost(BaseException):
+    """Thrown into a handler whose lease this worker could not renew in time:
+    another worker may be running the job now. A BaseException, so handler
+    code that catches Exception does not swallow it."""
+
+
+@dataclass
+class Held:
+    """A job this process runs. `good_until` is a monotonic time by which its
+    lease is known to hold; it errs early, never late."""
+
+    job_id: int
+    good_until: float
+    fence: Callable[[], None]
+    fenced: bool = False
 
 
 class Leases:
     def __init__(
         self,
         db: DB,
-        running_ids: Callable[[], Iterable[int]],
         *,
-        worker_id: str = WORKER_ID,
+        worker_id: str | None = None,
         lease: float = LEASE_SECONDS,
         legacy_age: float = 660.0,
     ) -> None:
+        if not lease > 0:
+            raise ValueError(f"the lease must be a positive number of seconds, got {lease!r}")
         self.db = db
-        self.running_ids = running_ids
-        self.worker_id = worker_id
+        self.worker_id = worker_id or new_worker_id()
         self.lease = lease
         # Rows claimed before leases existed carry none; they are taken once
         # older than the longest job timeout plus a margin.
         self.legacy_age = legacy_age
+        # A job is fenced this long before its lease would lapse: the reply
+        # that confirmed it may have taken this long to come back, and the
+        # handler must be stopped before another worker can rescue the row.
+        self.margin = min(1.0, lease / 10)
+        self.held: dict[int, Held] = {}
         self.outage = Outage("leases")
+        self.renewal_outage = Outage("lease renewal")
 
-    def heartbeat(self) -> int:
-        """Renew the rows this process is running now (never a row whose
-        outcome it failed to write: that one must be rescued)."""
-        ids = sorted(self.running_ids())
+    def hold(self, job_id: int, claimed_at: float, fence: Callable[[], None]) -> None:
+        """Note a job claimed at claimed_at (monotonic, when the claim's reply
+        came back); fence() stops its handler if the lease cannot be kept."""
+        self.held[job_id] = Held(job_id, claimed_at + self.lease - self.margin, fence)
+
+    def release(self, job_id: int) -> None:
+        """The job's outcome is written (or it was fenced): stop renewing it."""
+        self.held.pop(job_id, None)
+
+    def held_ids(self) -> list[int]:
+        # list() of a dict's keys runs without releasing the GIL, so the
+        # renewal thread reads a consistent snapshot.
+        return sorted(list(self.held))
+
+    def heartbeat(self, runner: Any = None) -> int:
+        """Renew the rows held now, through runner (the pool by default); the
+        number renewed. Only a row this worker still holds is renewed: one
+        rescued meanwhile stays with its rescuer."""
+        ids = self.held_ids()
         if not ids:
             return 0
-        return self.db.exec(Q.job_heartbeat, {"lease": self.lease, "worker_id": self.worker_id, "ids": ids})
+        sent = time.monotonic()
+        rows = (runner or self.db).query(
+            Q.job_heartbeat, {"lease": self.lease, "worker_id": self.worker_id, "ids": ids}
+        )
+        for (job_id,) in rows:
+            held = self.held.get(job_id)
+            if held is not None:
+                held.good_until = sent + self.lease - self.margin
+        return len(rows)
+
+    def fence_lapsed(self, now: float | None = None) -> list[int]:
+        """Stop every held job whose lease may lapse before it is renewed: its
+        handler is stopped and no outcome written, so the worker that rescues
+        it runs the only copy. The ids fenced."""
+        now = time.monotonic() if now is None else now
+        fenced = []
+        for held in list(self.held.values()):
+            if held.fenced or now < held.good_until:
+                continue
+            held.fenced = True
+            fenced.append(held.job_id)
+            log.error(
+                "id=%d lease could not be renewed in time; its handler is stopped, no outcome written", held.job_id
+            )
+            capture(LeaseLost(f"job {held.job_id}: lease not renewed"), message="lease lost", job_id=held.job_id)
+            held.fence()
+        return fenced
 
     def rescue(self, legacy_age: float | None = None) -> list[tuple[int, str, str, str]]:
+        """Take back started rows whose lease ran out, never one this worker
+        still holds (it is running or finalizing it)."""
         age = self.legacy_age if legacy_age is None else legacy_age
-        rows = self.db.query(Q.job_rescue, {"legacy_age": age})
+        rows = self.db.query(Q.job_rescue, {"legacy_age": age, "worker_id": self.worker_id, "held": self.held_ids()})
         for job_id, queue, name, status in rows:
             log.warning("queue=%s job=%s id=%d rescued from a lost worker: %s", queue, name, job_id, status)
         for queue in {r[1] for r in rows}:
@@ -64,16 +148,59 @@ class Leases:
         return [(r[0], r[1], r[2], r[3]) for r in rows]
 
     def run(self, stop: Event) -> None:
-        """Renew and rescue until stop is set. The first rescue, at start, also
-        takes every lease-less row: those belong to the service this replaced."""
-        first = True
+        """Fence and rescue until stop is set, with the renewal thread beside.
+        The first rescue, at start, also takes every lease-less row: those
+        belong to the service this replaced."""
+        thread_stop: list[bool] = []
+        _start_thread(self._renew_forever, (thread_stop,))
+        try:
+            first = True
+            period = self.lease / 3
+            next_rescue = 0.0
+            while not stop.is_set():
+                self.fence_lapsed()
+                if time.monotonic() >= next_rescue:
+                    try:
+                        self.rescue(0.0 if first else None)
+                        first = False
+                        self.outage.recovered()
+                    except Exception as exc:
+                        self.outage.failed(exc)
+                    next_rescue = time.monotonic() + period
+                stop.wait(min(self.margin, period))
+        finally:
+            thread_stop.append(True)
+
+    def _renew_forever(self, thread_stop: list[bool]) -> None:
+        """The renewal thread: every third of a lease, renew what is held, on
+        a connection of its own (the pool belongs to the hub's thread)."""
+        conn = None
         period = self.lease / 3
-        while not stop.is_set():
+        while not thread_stop:
+            began = time.monotonic()
             try:
-                self.heartbeat()
-                self.rescue(0.0 if first else None)
-                first = False
-                self.outage.recovered()
-            except Exception as exc:
-                self.outage.failed(exc)
-            stop.wait(period)
+                if conn is None or conn.closed:
+                    conn = psycopg2.connect(self.db.dsn, **connect_options("jobs-leases"))
+                    conn.autocommit = True
+                self.heartbeat(_Conn(conn))
+                self.renewal_outage.recovered()
+            except Exception as exc:  # any failure is retried next period; the fence guards the jobs
+                self.renewal_outage.failed(exc)
+                if conn is not None:
+                    conn.close()
+                conn = None
+            _thread_sleep(max(0.0, period - (time.monotonic() - began)))
+        if conn is not None:
+            conn.close()
+
+
+class _Conn:
+    """query() on one plain connection, for the renewal thread."""
+
+    def __init__(self, conn: psycopg2.extensions.connection) -> None:
+        self.conn = conn
+
+    def query(self, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        with self.conn.cursor() as cur:
+            cur.execute(sql, params)
+            return cur.fetchall()

@@ -5,6 +5,7 @@ then pause for the queue's throttle. One job at a time per slot; a queue has
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -14,11 +15,13 @@ from typing import Any
 import gevent
 import gevent.pool
 from gevent.event import Event
+from greenlet import GreenletExit
 
 from lib import status as st
-from lib.db import DB, is_conn_failure, is_unique_violation
+from lib.db import DB, is_conn_failure, is_data_error, is_server_error, is_unique_violation
 from lib.errors import Outage, capture
-from lib.leases import LEASE_SECONDS, WORKER_ID
+from lib.insert import MAX_ARGS_BYTES
+from lib.leases import LeaseLost, Leases
 from lib.retry import BASE_SECONDS as RETRY_BASE_SECONDS
 from lib.retry import backoff
 from lib.sql import Q
@@ -38,11 +41,16 @@ FINALIZING = gevent.pool.Group()
 class PendingJob:
     id: int
     name: str
-    args: dict[str, Any]
+    args: Any
     attempts: int = 1
     max_attempts: int = 1
     callsite: str | None = None
     latency: float = 0.0
+    # When the claim's reply came back (monotonic): the lease holds from about then.
+    claimed_at: float = 0.0
+    # Why the stored args could not be read (too large, undecodable); the
+    # handler is then not called.
+    args_error: str | None = None
 
 
 Handler = Callable[[PendingJob], str]
@@ -73,6 +81,14 @@ class Snooze(Exception):
 
 class BadStatus(Exception):
     """The handler returned something that is not an ok/fail/skip status."""
+
+
+class BadArgs(Exception):
+    """The job's stored args cannot be read; no handler could use them."""
+
+
+# Never a job's fault: the worker's own kill at shutdown, the process ending.
+_NOT_THE_JOBS = (GreenletExit, KeyboardInterrupt, SystemExit)
 
 
 @dataclass(frozen=True)
@@ -145,11 +161,38 @@ class Poller:
         self.off = off
         # Job names that refuse a second pending or started copy with the same args.
         self.dedupe = frozenset(dedupe)
-        # Set by the worker for the whole process; defaults serve tests.
-        self.worker_id = WORKER_ID
-        self.lease = LEASE_SECONDS
+        # The worker shares one Leases (its worker id, lease length, renewal
+        # and fence) between all its pollers; this default serves tests.
+        self.leases = Leases(db)
         self.running: dict[int, PendingJob] = {}
+        # The job each slot's handler is running now, and the greenlet it runs
+        # in: only that handler may be fenced.
+        self._dispatching: dict[int, tuple[PendingJob, Any]] = {}
+        # Per slot, a claim whose reply was lost: what it did is settled
+        # before the slot claims again.
+        self._unsettled: dict[int, BaseException] = {}
+        # Rows this poller gave up on while they were still started by it
+        # (outcome not written, or fenced): never mistaken for a new claim.
+        self._abandoned: set[int] = set()
+        # A fault of the claim that is not a lost connection, once per run.
+        self.claim_fault = Outage(f"queue={queue} claim")
         self._wakeups = [Event() for _ in range(concurrency)]
+
+    @property
+    def worker_id(self) -> str:
+        return self.leases.worker_id
+
+    @worker_id.setter
+    def worker_id(self, value: str) -> None:
+        self.leases.worker_id = value
+
+    @property
+    def lease(self) -> float:
+        return self.leases.lease
+
+    @lease.setter
+    def lease(self, value: float) -> None:
+        self.leases.lease = value
 
     @property
     def handles(self) -> frozenset[str]:
@@ -161,17 +204,18 @@ class Poller:
             event.set()
 
     def poll(self, stop: Event) -> None:
-        """Work due jobs in order until stop is set."""
+        """Work due jobs in order until stop is set (every slot; the worker
+        runs each slot under its supervisor instead)."""
         if self.concurrency == 1:
-            self._loop(stop, 0)
+            self.run_slot(stop, 0)
             return
-        slots = [gevent.spawn(self._loop, stop, slot) for slot in range(self.concurrency)]
+        slots = [gevent.spawn(self.run_slot, stop, slot) for slot in range(self.concurrency)]
         try:
             gevent.joinall(slots, raise_error=True)
         finally:
             gevent.killall(slots)
 
-    def _loop(self, stop: Event, slot: int) -> None:
+    def run_slot(self, stop: Event, slot: int) -> None:
         wakeup = self._wakeups[slot]
         retry_wait = 1.0
         # What the last outcome's write found when it looked for the next job:
@@ -186,11 +230,12 @@ class Poller:
                 try:
                     looked = Looked(*self._claim(None, slot))
                 except Exception as exc:
-                    self.outage.failed(exc, queue=self.queue)
+                    self._claim_failed(exc)
                     stop.wait(retry_wait)
                     retry_wait = min(retry_wait * 2, self.poll_interval)
                     continue
                 self.outage.recovered()
+                self.claim_fault.recovered()
                 retry_wait = 1.0
             if looked.job is None:
                 # The queue's next delayed row, or the end of its pause or
@@ -201,6 +246,14 @@ class Poller:
                 looked = None
                 continue
             _, looked = self._work(looked.job, slot, stop, wakeup)
+
+    def _claim_failed(self, exc: BaseException) -> None:
+        """A lost connection is the database's outage, shared by every part of
+        the worker; anything else is this queue's own fault, reported apart."""
+        if is_conn_failure(exc) or not is_server_error(exc):
+            self.outage.failed(exc, queue=self.queue)
+        else:
+            self.claim_fault.failed(exc, queue=self.queue)
 
     def work_once(self, job: PendingJob | None = None, *, slot: int = 0, stop: Event | None = None) -> str | None:
         """Claim (the given job, or the queue's next due one), run and finalize it;
@@ -229,13 +282,68 @@ class Poller:
     def _claim(self, job_id: int | None, slot: int) -> tuple[PendingJob | None, float | None]:
         """The claimed job, or None and the seconds until the queue may have
         work (None: nothing known)."""
+        if slot in self._unsettled:
+            # A claim of this slot whose reply was lost may have committed:
+            # that job is this slot's to run, before any other.
+            mine = self._settle(slot, self._unsettled[slot])
+            if mine is not None:
+                return mine, None
+        while True:
+            try:
+                row = self.db.query_row(Q.job_claim, self._claim_params(job_id, slot))
+            except Exception as exc:
+                if is_unique_violation(exc):
+                    return None, None
+                if is_data_error(exc) and self._end_unclaimable(slot, exc):
+                    continue
+                if not is_server_error(exc):
+                    self._unsettled[slot] = exc
+                    mine = self._settle(slot, exc)
+                    if mine is not None:
+                        return mine, None
+                raise
+            return _claimed(row)
+
+    def _settle(self, slot: int, exc: BaseException) -> PendingJob | None:
+        """After a write that may have claimed a job for this slot failed
+        without an answer: make its outcome final, then read the row. The job
+        it claimed, or None when it claimed nothing. Raises (and stays
+        unsettled) while the server cannot be asked."""
+        self.db.settle(exc)
+        row = self.db.query_row(
+            Q.job_claimed_by,
+            {"queue": self.queue, "slot": slot, "worker_id": self.worker_id, "abandoned": sorted(self._abandoned)},
+        )
+        self._unsettled.pop(slot, None)
+        job, _ = _claimed(row)
+        if job is not None:
+            log.warning("queue=%s id=%d was claimed though the reply was lost; running it", self.queue, job.id)
+        return job
+
+    def _end_unclaimable(self, slot: int, exc: BaseException) -> bool:
+        """The claim failed on a value in a row (one written by hand, say).
+        When the queue's head row is the one (claiming it alone fails the same
+        way), end it with the reason, so the rest of the queue is worked.
+        Whether a row was ended."""
+        head = self.db.query_row(Q.job_head, {"queue": self.queue})
+        if head is None:
+            return False
         try:
-            row = self.db.query_row(Q.job_claim, self._claim_params(job_id, slot))
-        except Exception as exc:
-            if is_unique_violation(exc):
-                return None, None
-            raise
-        return _claimed(row)
+            with self.db.transaction() as tx:
+                tx.query_row(Q.job_claim, self._claim_params(head[0], slot))
+                # Claimable: the fault lies elsewhere. Roll back.
+                raise _Probe
+        except _Probe:
+            return False
+        except Exception as probe:
+            if not is_data_error(probe):
+                return False
+        status = st.err(f"cannot be claimed: {_first_line(exc)}")
+        if not self.db.exec(Q.job_end_unclaimable, {"id": head[0], "status": status}):
+            return False
+        log.error("queue=%s id=%d ended: %s", self.queue, head[0], status)
+        capture(exc, message="job cannot be claimed", queue=self.queue, job_id=head[0])
+        return True
 
     def run(self, job: PendingJob, *, slot: int = 0, stop: Event | None = None) -> str:
         """Run a claimed job to its outcome; the status it reached."""
@@ -246,55 +354,108 @@ class Poller:
         poll loop) and with no throttle pause due, the write also looks for the
         slot's next job, and says what it found."""
         self.running[slot] = job
+        self.leases.hold(job.id, job.claimed_at or time.monotonic(), lambda: self._fence(slot, job))
         start = time.monotonic()
-        outcome: Outcome | None = None
-        looked: Looked | None = None
         try:
-            outcome = self._outcome(job, self._dispatch(job))
-        finally:
-            # Reached with no outcome only when the greenlet itself is killed
-            # (shutdown); the job is written off as interrupted and the kill
-            # goes on up.
-            interrupted = outcome is None
-            outcome = outcome or self._interrupted(job)
-            elapsed = time.monotonic() - start
-            # Known before the outcome is written, so the write also holds the
-            # queue back for every process; a job cut off by shutdown has none.
-            delay = 0.0 if interrupted else self._delay(outcome, elapsed)
-            self.running.pop(slot, None)
-            # Whether stop came is asked now, when the job is done, not when it began.
-            look = wakeup is not None and not interrupted and delay == 0 and not (stop and stop.is_set())
-            if look and wakeup is not None:
-                # Cleared before that claim, as in the loop: a wake that lands after it is not lost.
-                wakeup.clear()
+            result = self._dispatch(job, slot)
+        except BaseException:
+            # Only the greenlet's own kill (shutdown) gets here: the job is
+            # written off as interrupted, and the kill goes on up.
+            self._conclude(job, slot, self._interrupted(job), start, stop, None, interrupted=True)
+            raise
+        if isinstance(result, LeaseLost):
+            return self._fenced(job, slot)
+        return self._conclude(job, slot, self._outcome(job, result), start, stop, wakeup)
+
+    def _conclude(
+        self,
+        job: PendingJob,
+        slot: int,
+        outcome: Outcome,
+        start: float,
+        stop: Event | None,
+        wakeup: Event | None,
+        *,
+        interrupted: bool = False,
+    ) -> tuple[str, Looked | None]:
+        elapsed = time.monotonic() - start
+        # Known before the outcome is written, so the write also holds the
+        # queue back for every process; a job cut off by shutdown has none.
+        delay = 0.0 if interrupted else self._delay(outcome, elapsed)
+        # Whether stop came is asked now, when the job is done, not when it began.
+        look = wakeup is not None and delay == 0 and not (stop and stop.is_set())
+        if look and wakeup is not None:
+            # Cleared before that claim, as in the loop: a wake that lands after it is not lost.
+            wakeup.clear()
+        try:
             looked = self._finalize(job, outcome, delay, slot if look else None)
-            if interrupted or (stop is not None and stop.is_set()):
-                # This poller gives the queue's slot up: a poller of another
-                # worker may take it now, not at its next fallback poll.
-                self._hand_over()
-            log.info(
-                "queue=%s job=%s id=%d status=%r latency=%.2fs duration=%.2fs",
-                self.queue,
-                job.name,
-                job.id,
-                outcome.status if outcome.retry_in is None else f"{outcome.status} (retry in {outcome.retry_in:.0f}s)",
-                job.latency,
-                elapsed,
-            )
+        finally:
+            # Held (renewed, and never rescued by this worker) until the
+            # outcome is written or given up on.
+            self.running.pop(slot, None)
+            self.leases.release(job.id)
+        if interrupted or (stop is not None and stop.is_set()):
+            # This poller gives the queue's slot up: a poller of another
+            # worker may take it now, not at its next fallback poll.
+            self._hand_over()
+        shown = outcome.status if outcome.retry_in is None else f"{outcome.status} (retry in {outcome.retry_in:.0f}s)"
+        log.info(
+            "queue=%s job=%s id=%d status=%r latency=%.2fs duration=%.2fs",
+            self.queue,
+            _printable(job.name),
+            job.id,
+            shown,
+            job.latency,
+            elapsed,
+        )
         if delay > 0:
             (stop or Event()).wait(delay)
         return outcome.status, looked
 
-    def _dispatch(self, job: PendingJob) -> str | BaseException:
+    def _fence(self, slot: int, job: PendingJob) -> None:
+        """Stop this job's handler: its lease could not be renewed in time.
+        Thrown from the hub, where the check and the throw cannot be split by
+        a switch: a handler that has just returned is left alone (its outcome
+        write only lands if the row is still this worker's)."""
+
+        def throw() -> None:
+            running = self._dispatching.get(slot)
+            if running is not None and running[0] is job:
+                running[1].throw(LeaseLost(f"lease of job {job.id} not renewed in time"))
+
+        gevent.get_hub().loop.run_callback(throw)
+
+    def _fenced(
+        self, job: PendingJob, slot: int, stop: Event | None, wakeup: Event | None
+    ) -> tuple[str, Looked | None]:
+        self.running.pop(slot, None)
+        self.leases.release(job.id)
+        self._abandoned.add(job.id)
+        log.error(
+            "queue=%s job=%s id=%d stopped: its lease was lost; no outcome written, a rescue takes it over",
+            self.queue,
+            _printable(job.name),
+            job.id,
+        )
+        return st.INTERRUPTED, None
+
+    def _dispatch(self, job: PendingJob, slot: int = 0) -> str | BaseException:
         """The handler's status, or the exception that stands for its fault."""
+        if job.args_error is not None:
+            return BadArgs(job.args_error)
         handler = self.dispatch.get(job.name)
         if handler is None:
             return UnknownJob(f"unknown job {job.name!r} for queue {self.queue}")
+        self._dispatching[slot] = (job, gevent.getcurrent())
         try:
             with gevent.Timeout(self.job_timeout, JobTimeout(f"timed out after {self.job_timeout:g}s")):
                 result = handler(job)
-        except Exception as exc:
+        except _NOT_THE_JOBS:
+            raise
+        except BaseException as exc:  # gevent.Timeout and any other BaseException are the job's fault
             return exc
+        finally:
+            self._dispatching.pop(slot, None)
         if not isinstance(result, str):
             return BadStatus(f"handler returned {type(result).__name__}, not a status string")
         try:
@@ -304,20 +465,21 @@ class Poller:
         if kind not in (st.Kind.OK, st.Kind.FAIL, st.Kind.SKIP):
             # A fault recorded without an exception would reach nobody.
             return BadStatus(f"handler returned {result!r:.100}; a fault must be raised")
-        return result
+        return st.clean(result)
 
     def _outcome(self, job: PendingJob, result: str | BaseException) -> Outcome:
         if isinstance(result, str):
             return Outcome(result)
         if isinstance(result, Snooze):
-            return Outcome(result.status, retry_in=result.seconds, counted=False)
+            return Outcome(st.clean(result.status), retry_in=result.seconds, counted=False)
         capture(result, queue=self.queue, job=job.name, job_id=job.id, callsite=job.callsite)
         text = st.err(f"{type(result).__name__}: {result}" if str(result) else type(result).__name__)
         retry_in = backoff(job.attempts, base=self.retry_base) if job.attempts < job.max_attempts else None
         return Outcome(text, result, retry_in)
 
     def _interrupted(self, job: PendingJob) -> Outcome:
-        # Like a rescue: another worker takes the job over when attempts remain.
+        # Like a rescue: another worker takes the job over when attempts
+        # remain, in its place in the queue (retry_in 0 keeps run_at).
         return Outcome(st.INTERRUPTED, retry_in=0.0 if job.attempts < job.max_attempts else None)
 
     def _finalize(self, job: PendingJob, outcome: Outcome, delay: float, next_slot: int | None) -> Looked | None:
@@ -336,12 +498,45 @@ class Poller:
 
     def _write_outcome(self, job: PendingJob, outcome: Outcome, delay: float, next_slot: int | None) -> Looked | None:
         """One update by primary key; with next_slot, sent together with the
-        claim of that slot's next job (one round trip, one commit), and written
-        alone if that fails. It runs once more on a fresh connection when the
-        connection was lost: the update is safe to repeat whether or not the
-        first one reached the server, and the pool has discarded the
-        connection that failed. What the claim sent with it found, if it went."""
-        params = {
+        claim of that slot's next job (one round trip, one commit). When that
+        fails, what committed is settled first (the claim may have), and the
+        outcome goes alone unless it went with the claim. What the claim sent
+        with it found, if it went."""
+        params = self._outcome_params(job, outcome, delay)
+        if next_slot is not None:
+            try:
+                with gevent.Timeout(FINALIZE_TIMEOUT):
+                    row = self.db.query_row_last(
+                        [(Q.job_finalize, params), (Q.job_claim, self._claim_params(None, next_slot))]
+                    )
+            except (Exception, gevent.Timeout) as exc:
+                log.debug("queue=%s id=%d outcome and next claim together failed: %s", self.queue, job.id, exc)
+                if not is_server_error(exc):
+                    # No answer: the server may have committed both, or may
+                    # still, unless its process is ended first.
+                    self._unsettled[next_slot] = exc
+                    mine = self._try_settle(next_slot, exc)
+                    if mine is not None:
+                        # The claim committed, so did the outcome beside it.
+                        return Looked(mine)
+                # Else a server error rolled both back (another row holding
+                # the slot refuses the claim, say): the outcome goes alone.
+            else:
+                self._check_written(job, outcome, row[-1] if row else 0)
+                return Looked(*_claimed(row))
+        self._write_alone(job, outcome, params)
+        return None
+
+    def _try_settle(self, slot: int, exc: BaseException) -> PendingJob | None:
+        try:
+            return self._settle(slot, exc)
+        except Exception as settle_exc:
+            # Left unsettled: the slot settles before its next claim.
+            log.warning("queue=%s could not yet learn what a lost write committed: %s", self.queue, settle_exc)
+            return None
+
+    def _outcome_params(self, job: PendingJob, outcome: Outcome, delay: float) -> dict[str, Any]:
+        return {
             "id": job.id,
             "worker_id": self.worker_id,
             "attempts": job.attempts,
@@ -354,20 +549,15 @@ class Poller:
             "delay": delay,
             "uncounted": 0 if outcome.counted else 1,
         }
-        if next_slot is not None:
-            try:
-                with gevent.Timeout(FINALIZE_TIMEOUT):
-                    row = self.db.query_row_last(
-                        [(Q.job_finalize, params), (Q.job_claim, self._claim_params(None, next_slot))]
-                    )
-            except (Exception, gevent.Timeout) as exc:
-                # Nothing of it was committed (another row holding the slot
-                # refuses the claim, say): the outcome goes alone.
-                log.debug("queue=%s id=%d outcome and next claim together failed: %s", self.queue, job.id, exc)
-            else:
-                self._check_written(job, outcome, row[-1] if row else 0)
-                return Looked(*_claimed(row))
+
+    def _write_alone(self, job: PendingJob, outcome: Outcome, params: dict[str, Any]) -> None:
+        """The outcome by itself. Once more on a fresh connection when the
+        connection was lost: the update is safe to repeat whether or not the
+        first one reached the server, and the pool has discarded the
+        connection that failed. An outcome the server refuses (a value it
+        cannot store) is replaced by one saying so, so the row still ends."""
         tags = {"queue": self.queue, "job": job.name, "job_id": job.id, "callsite": job.callsite}
+        replaced = False
         for attempt in (1, 2):
             try:
                 with gevent.Timeout(FINALIZE_TIMEOUT):
@@ -376,12 +566,19 @@ class Poller:
                 if attempt == 1 and is_conn_failure(exc):
                     log.warning("queue=%s id=%d finalize lost its connection, once more: %s", self.queue, job.id, exc)
                     continue
+                if attempt == 1 and not replaced and _refused_value(exc):
+                    replaced = True
+                    status = st.err(f"the outcome could not be stored: {type(exc).__name__}: {_first_line(exc)}")
+                    log.error("queue=%s id=%d %s (it was %r)", self.queue, job.id, status, outcome.status[:200])
+                    capture(exc, message="outcome refused", **tags)
+                    params = {**params, "status": status, "last_error": status, "retry_in": None}
+                    continue
                 log.error("queue=%s id=%d finalize failed, the row stays started: %s", self.queue, job.id, exc)
                 capture(exc, message="finalize job", **tags)
-                return None
+                self._abandoned.add(job.id)
+                return
             self._check_written(job, outcome, written)
-            return None
-        return None
+            return
 
     def _check_written(self, job: PendingJob, outcome: Outcome, written: int) -> None:
         if not written:
@@ -419,11 +616,49 @@ class Poller:
         return min(delay, MAX_THROTTLE) if delay > 0 else 0.0
 
 
+class _Probe(Exception):
+    """Rolls back a claim made only to see whether it fails."""
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+
+
+def _refused_value(exc: BaseException) -> bool:
+    """The outcome itself was refused: a value the driver cannot send (a NUL
+    character) or the server cannot store. Not a lost connection."""
+    return isinstance(exc, ValueError) or is_data_error(exc)
+
+
+def _printable(text: str) -> str:
+    """A name as a log line can carry it: one line, nothing hidden."""
+    return text if text.isprintable() else repr(text)
+
+
 def _claimed(row: tuple[Any, ...] | None) -> tuple[PendingJob | None, float | None]:
     """A job_claim row as (job, None), or (None, seconds until the queue may have work)."""
     if row is None:
         return None, None
-    job_id, name, args, attempts, max_attempts, callsite, latency, wait, _finalized = row
+    job_id, name, args_text, attempts, max_attempts, callsite, latency, wait, _finalized = row
     if job_id is None:
         return None, wait
-    return PendingJob(job_id, name, args, attempts, max_attempts, callsite, latency), None
+    args, args_error = _decode_args(args_text)
+    return (
+        PendingJob(job_id, name, args, attempts, max_attempts, callsite, latency, time.monotonic(), args_error),
+        None,
+    )
+
+
+def _decode_args(text: str | None) -> tuple[Any, str | None]:
+    """The args as the handler gets them, or why they cannot be read. Decoded
+    here, after the claim committed, so a row whose args cannot be read ends
+    with the reason instead of failing every claim of its queue."""
+    if text is None:
+        return None, "args are NULL"
+    size = len(text.encode())
+    if size > MAX_ARGS_BYTES:
+        return None, f"args are {size} bytes as JSON; the limit is {MAX_ARGS_BYTES}"
+    try:
+        return json.loads(text), None
+    except (ValueError, RecursionError) as exc:
+        return None, f"args cannot be decoded: {type(exc).__name__}: {_first_line(exc)}"

@@ -28,7 +28,9 @@ class Kind(StrEnum):
 
 
 def _build(prefix: str, detail: str) -> str:
-    detail = " ".join(str(detail).split())
+    # One line, and no NUL: Postgres text cannot hold one, and an API's error
+    # body may carry one; the row must still take the status.
+    detail = " ".join(str(detail).replace("\x00", "\\x00").split())
     if not detail:
         raise ValueError(f"a {prefix} status needs a reason")
     return f"{prefix}: {detail}"[:MAX_LEN]
@@ -69,6 +71,13 @@ def rate_limit_wait(status: str) -> float | None:
         return None
     number = status[len(RATE_LIMITED + ", resets in ") :].split("s", 1)[0]
     return float(number) if number.isdigit() else None
+
+
+def clean(status: str) -> str:
+    """A status a handler returned, as it is stored: rebuilt through the same
+    rules as one built here (one line, no NUL, bounded length)."""
+    prefix, sep, rest = status.partition(": ")
+    return _build(prefix, rest) if sep else status
 
 
 def kind(status: str) -> Kind:

@@ -45,10 +45,14 @@ claimed AS (
       attempts = j.attempts + 1,
       max_attempts = coalesce(j.max_attempts, %(max_attempts)s),
       worker_id = %(worker_id)s, slot = %(slot)s,
-      lease_until = now() + make_interval(secs => %(lease)s)
+      -- From the moment of the claim, not the transaction's start: a claim
+      -- that waited on a row lock longer than the lease must not commit a
+      -- lease already run out.
+      lease_until = clock_timestamp() + make_interval(secs => %(lease)s)
   FROM next
   WHERE j.id = next.id
-  RETURNING j.id, j.name, j.args, j.attempts, j.max_attempts, j.callsite,
+  -- args as text: decoded by the worker, which can end a row whose args it cannot read.
+  RETURNING j.id, j.name, j.args::text, j.attempts, j.max_attempts, j.callsite,
             greatest(extract(EPOCH FROM now() - j.run_at), 0)::float8 AS latency
 )
 SELECT id, name, args, attempts, max_attempts, callsite, latency, NULL::float8 AS wait,
@@ -71,7 +75,8 @@ WITH done AS (
   UPDATE jobs
   SET status = %(status)s,
       finished_at = CASE WHEN %(retry_in)s::float8 IS NULL THEN now() END,
-      run_at = CASE WHEN %(retry_in)s::float8 IS NULL THEN run_at
+      -- A retry waits retry_in; an interrupted job (retry_in 0) keeps its place in the queue.
+      run_at = CASE WHEN coalesce(%(retry_in)s::float8, 0) = 0 THEN run_at
                     ELSE now() + make_interval(secs => %(retry_in)s::float8) END,
       last_error = coalesce(%(last_error)s, last_error),
       -- An attempt that did not count (a snooze) gives its allowance back.
@@ -90,6 +95,26 @@ throttled AS (
 -- The count is also noted for the rest of the transaction, where a claim sent with it reads it back.
 SELECT set_config('jobs.finalized', count(*)::text, true)::int FROM done
 
+-- name: job_claimed_by
+-- The job a slot of this worker holds started, in job_claim's columns: what a claim whose reply was lost committed. Rows the worker gave up on are passed over.
+SELECT id, name, args::text, attempts, max_attempts, callsite,
+       greatest(extract(EPOCH FROM started_at - run_at), 0)::float8, NULL::float8, NULL::int
+FROM jobs
+WHERE queue = %(queue)s AND slot = %(slot)s AND status = 'started' AND worker_id = %(worker_id)s
+  AND NOT (id = ANY(%(abandoned)s::bigint[]))
+
+-- name: job_head
+-- The id of the queue's next due pending row in claim order, read without a lock: the suspect when the claim fails on a value.
+SELECT id FROM jobs
+WHERE queue = %(queue)s AND status = 'pending' AND run_at <= now()
+ORDER BY priority DESC, run_at, id
+LIMIT 1
+
+-- name: job_end_unclaimable
+-- End a pending row that no claim can take (a value no insert would write), with the reason, so the rest of its queue is worked.
+UPDATE jobs SET status = %(status)s, last_error = %(status)s, finished_at = now()
+WHERE id = %(id)s AND status = 'pending'
+
 -- name: job_release
 -- Give back a claimed job that never ran (its poller was killed first): pending again, the attempt not counted.
 UPDATE jobs
@@ -102,22 +127,26 @@ WHERE id = %(id)s AND worker_id = %(worker_id)s AND attempts = %(attempts)s AND 
 SELECT pg_notify('jobs', %(queue)s)
 
 -- name: job_heartbeat
--- Extend the lease of the rows this worker process is running now.
-UPDATE jobs SET lease_until = now() + make_interval(secs => %(lease)s)
+-- Extend the lease of the rows this worker process is running now; the ids it still held.
+UPDATE jobs SET lease_until = clock_timestamp() + make_interval(secs => %(lease)s)
 WHERE id = ANY(%(ids)s::bigint[]) AND status = 'started' AND worker_id = %(worker_id)s
+RETURNING id
 
 -- name: job_rescue
 -- Take back started rows whose worker stopped renewing the lease: to pending when
--- attempts remain, else interrupted. Rows from before leases existed have no lease
--- and are taken once older than legacy_age seconds.
+-- attempts remain (in their place in the queue: run_at is kept), else interrupted.
+-- Rows from before leases existed have no lease and are taken once older than
+-- legacy_age seconds. Never a row the rescuing worker holds (runs or finalizes).
 UPDATE jobs
 SET status = CASE WHEN attempts < coalesce(max_attempts, 1) THEN 'pending'
                   ELSE 'err: interrupted' END,
     finished_at = CASE WHEN attempts < coalesce(max_attempts, 1) THEN NULL ELSE now() END,
-    run_at = now(),
     last_error = 'err: interrupted',
+    -- A pending row belongs to no worker: a late outcome of the lost one cannot match it.
+    worker_id = CASE WHEN attempts < coalesce(max_attempts, 1) THEN NULL ELSE worker_id END,
     lease_until = NULL, slot = NULL
 WHERE status = 'started'
+  AND NOT (worker_id IS NOT DISTINCT FROM %(worker_id)s AND id = ANY(%(held)s::bigint[]))
   AND (lease_until < now()
        OR (lease_until IS NULL
            AND (started_at IS NULL

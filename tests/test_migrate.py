@@ -87,7 +87,7 @@ def test_original_table_upgrades_in_place(empty_database):
     assert insert(db, "caches", "caches.Age") == 5
 
     # The old service's stuck started row is taken back at start.
-    rescued = Leases(db, list).rescue(legacy_age=0)
+    rescued = Leases(db).rescue(legacy_age=0)
     assert [(r[0], r[3]) for r in rescued] == [(2, "err: interrupted")]
     assert db.query_row("SELECT status FROM jobs WHERE id = 1") == ("ok",)
     db.close()

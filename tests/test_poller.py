@@ -1,5 +1,6 @@
 import itertools
 import logging
+import time
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -272,7 +273,7 @@ def test_rescue_takes_expired_leases_only(db):
     for queue in ("q", "r", "s"):
         Poller(queue, db, {f"{queue}.N": lambda job: "ok"}).claim()
     db.exec("UPDATE jobs SET lease_until = now() - interval '1 second' WHERE id IN (%s, %s)", (dead, retry))
-    rescued = Leases(db, list).rescue()
+    rescued = Leases(db).rescue()
     assert sorted((r[0], r[3]) for r in rescued) == [(dead, "err: interrupted"), (retry, "pending")]
     rows = dict(db.query("SELECT id, status FROM jobs"))
     assert rows == {live: "started", dead: "err: interrupted", retry: "pending"}
@@ -284,10 +285,11 @@ def test_heartbeat_renews_only_running_jobs(db):
     insert(db, "q", "q.N")
     job = poller.claim()
     db.exec("UPDATE jobs SET lease_until = now() + interval '1 second'")
-    leases = Leases(db, lambda: [job.id], lease=120)
-    assert leases.heartbeat() == 1
+    poller.lease = 120
+    poller.leases.hold(job.id, time.monotonic(), lambda: None)
+    assert poller.leases.heartbeat() == 1
     assert db.query_row("SELECT lease_until > now() + interval '100 seconds' FROM jobs") == (True,)
-    assert Leases(db, list).heartbeat() == 0
+    assert Leases(db).heartbeat() == 0
 
 
 def test_throttle_gets_the_outcome_and_pauses_the_queue(db):
@@ -393,19 +395,19 @@ def test_racing_claimers_keep_fifo(db):
 
 
 def test_a_job_longer_than_its_lease_is_never_rescued_while_it_runs(db):
-    """Lease 1 s, job 2.5 s: the heartbeat renews it, another process's rescue
+    """Lease 1.5 s, job 3.5 s: the heartbeat renews it, another process's rescue
     passes it over, and the outcome is written."""
-    poller = Poller("long", db, {"long.N": lambda job: gevent.sleep(2.5) or "ok"})
-    poller.lease = 1.0
-    mine = Leases(db, lambda: [j.id for j in poller.running.values()], lease=1.0)
-    elsewhere = Leases(db, list, worker_id="another-process")
+    poller = Poller("long", db, {"long.N": lambda job: gevent.sleep(3.5) or "ok"})
+    poller.lease = 1.5
+    mine = poller.leases
+    elsewhere = Leases(db, worker_id="another-process")
     job_id = insert(db, "long", "long.N")
     stop = Event()
     keeper = gevent.spawn(mine.run, stop)
     runner = gevent.spawn(poller.work_once)
     rescued = []
     try:
-        for _ in range(12):
+        for _ in range(16):
             gevent.sleep(0.25)
             rescued += elsewhere.rescue()
         assert runner.get(timeout=10) == "ok"

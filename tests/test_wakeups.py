@@ -107,7 +107,7 @@ def test_a_retry_and_a_rescue_wake_the_queue(db, listening):
     insert(db, "s", "s.N")
     Poller("s", db, {"s.N": lambda job: "ok"}).claim()
     db.exec("UPDATE jobs SET lease_until = now() - interval '1 second' WHERE queue = 's'")
-    Leases(db, list).rescue()
+    Leases(db).rescue()
     _wait(lambda: recorder.woken.count("s") == 2)
 
 
