@@ -198,7 +198,12 @@ def _start_pollers(db: DB, registry: Registry) -> list[Poller]:
         if poller.off:
             log.warning("queue=%s is off: %s", poller.queue, poller.off)
             continue
-        db.exec(Q.dedupe_declare, {"queue": poller.queue, "names": sorted(poller.dedupe)})
+        if poller.dedupe:
+            # Additive: a process that lists fewer names (an older release) cannot switch others off.
+            added, skipped = db.query_row(Q.dedupe_declare, {"queue": poller.queue, "names": sorted(poller.dedupe)})
+            if added:
+                names = ", ".join(added)
+                log.info("queue=%s dedupes %s from now on; %d waiting copies skipped", poller.queue, names, skipped)
         if resume(db, poller.queue, prefix=AUTH_PREFIX):
             log.info("queue=%s auth pause ended at start", poller.queue)
         pollers.append(poller)
