@@ -114,11 +114,16 @@ def _operate(db: DB, args: argparse.Namespace) -> int:
         print(f"resumed {args.queue}" if resume(db, args.queue) else f"{args.queue} was not paused")
     elif args.command == "redrive":
         try:
-            ids = redrive(db, ids=args.ids, queue=args.queue, name=args.name)
+            done = redrive(db, ids=args.ids, queue=args.queue, name=args.name)
         except ValueError as exc:
             print(f"redrive: {exc}", file=sys.stderr)
             return 2
+        ids = done.redriven
         print(f"redrove {len(ids)} jobs" + (f": {', '.join(map(str, ids))}" if ids else ""))
+        if done.skipped:
+            print(f"skipped {len(done.skipped)} jobs:")
+            for job_id, why in done.skipped.items():
+                print(f"  {job_id}: {why}")
     return 0
 
 
