@@ -1,5 +1,5 @@
 -- Dedupe names that no process can switch off for another and that hold for
--- rows written before they were declared.
+-- rows written before they were declared; clock ticks kept per schedule entry.
 
 -- Mark the live rows of dedupe names just declared, as the insert trigger
 -- would have had the names been declared when the rows were written. Of
@@ -71,3 +71,11 @@ END $$;
 -- process had it deleted; mark them now.
 LOCK TABLE jobs IN SHARE ROW EXCLUSIVE MODE;
 SELECT jobs_dedupe_mark(queue, array_agg(name)) FROM job_dedupe_names GROUP BY queue;
+
+-- A schedule may hold two entries of one job name with different args (or
+-- queues): a tick belongs to the entry, named by a digest of its (queue, name,
+-- args) that lib/clock.py computes. Rows from before this have entry '': each
+-- name had a single entry then, so the clock counts them for every entry of
+-- that name until they are pruned, a few days on.
+ALTER TABLE clock_ticks ADD COLUMN entry text NOT NULL DEFAULT '';
+ALTER TABLE clock_ticks DROP CONSTRAINT clock_ticks_pkey, ADD PRIMARY KEY (name, entry, minute);
