@@ -115,11 +115,16 @@ def _operate(db: DB, args: argparse.Namespace) -> int:
         print(f"resumed {args.queue}" if resume(db, args.queue) else f"{args.queue} was not paused")
     elif args.command == "redrive":
         try:
-            ids = redrive(db, ids=args.ids, queue=args.queue, name=args.name)
+            done = redrive(db, ids=args.ids, queue=args.queue, name=args.name)
         except ValueError as exc:
             print(f"redrive: {exc}", file=sys.stderr)
             return 2
+        ids = done.redriven
         print(f"redrove {len(ids)} jobs" + (f": {', '.join(map(str, ids))}" if ids else ""))
+        if done.skipped:
+            print(f"skipped {len(done.skipped)} jobs:")
+            for job_id, why in done.skipped.items():
+                print(f"  {job_id}: {why}")
     return 0
 
 
@@ -202,7 +207,12 @@ def _start_pollers(db: DB, registry: Registry) -> list[Poller]:
         if poller.off:
             log.warning("queue=%s is off: %s", poller.queue, poller.off)
             continue
-        db.exec(Q.dedupe_declare, {"queue": poller.queue, "names": sorted(poller.dedupe)})
+        if poller.dedupe:
+            # Additive: a process that lists fewer names (an older release) cannot switch others off.
+            added, skipped = db.query_row(Q.dedupe_declare, {"queue": poller.queue, "names": sorted(poller.dedupe)})
+            if added:
+                names = ", ".join(added)
+                log.info("queue=%s dedupes %s from now on; %d waiting copies skipped", poller.queue, names, skipped)
         if resume(db, poller.queue, prefix=AUTH_PREFIX):
             log.info("queue=%s auth pause ended at start", poller.queue)
         pollers.append(poller)

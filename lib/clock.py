@@ -1,10 +1,12 @@
 """The clock: once a minute, enqueue each scheduled job whose predicate matches
 the current UTC minute.
 
-Every worker process runs a clock. A job fires once per matching minute however
-many run, because the statement that enqueues it also records (name, minute) in
-clock_ticks under a primary key; and it does not fire while a copy of it is
-still pending, so a slow queue never piles up copies of its own schedule.
+Every worker process runs a clock. An entry fires once per matching minute
+however many run, because the statement that enqueues it also records (entry,
+minute) in clock_ticks under a primary key; and it does not fire while a copy
+of it (same queue, name and args) is still pending, so a slow queue never piles
+up copies of its own schedule. An entry is what it enqueues: two entries of one
+job name with different args are two entries.
 
 Predicates are pure functions of a UTC datetime, and `tick` takes the minute as
 an argument, so tests pass the time in and never sleep.
@@ -12,7 +14,10 @@ an argument, so tests pass the time in and never sleep.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -58,6 +63,14 @@ class Scheduled:
         if not callable(self.at):
             raise ValueError(f"scheduled job {self.name}: at must be a predicate on a UTC datetime")
         encode_args(self.args)
+
+    @property
+    def key(self) -> str:
+        """What names this entry in clock_ticks: a digest of what it enqueues,
+        (queue, name, args), args in a canonical key order. A digest, so the
+        table stays small whatever the args."""
+        what = json.dumps([self.queue, self.name, self.args or {}], sort_keys=True, separators=(",", ":"))
+        return hashlib.md5(what.encode()).hexdigest()
 
 
 # Cadences. Each returns a predicate on a UTC datetime; seconds are ignored.
@@ -139,15 +152,20 @@ class Clock:
         self.db = db
         self.schedule = list(schedule)
         self.now = now
-        names = [entry.name for entry in self.schedule]
-        twice = sorted({n for n in names if names.count(n) > 1})
+        seen = Counter(entry.key for entry in self.schedule)
+        # pop: an entry listed three times is named once.
+        twice = sorted(
+            f"{e.name} {json.dumps(e.args or {}, sort_keys=True)} in queue {e.queue}"
+            for e in self.schedule
+            if seen.pop(e.key, 0) > 1
+        )
         if twice:
-            # clock_ticks and the pending check key on the name: a second entry
-            # of the same name would be silently suppressed by the first.
-            raise ValueError(f"the schedule names these jobs more than once: {', '.join(twice)}")
+            # clock_ticks and the pending check key on what an entry enqueues:
+            # a second identical entry would be silently suppressed by the first.
+            raise ValueError(f"the schedule lists these jobs more than once: {', '.join(twice)}")
         # Catch-up is owed until it has been checked once; a tick that fails
         # (the database is down at start) leaves it owed for the next tick.
-        self._owed = {entry.name for entry in self.schedule if entry.catch_up}
+        self._owed = {entry.key for entry in self.schedule if entry.catch_up}
         self._pruned: datetime | None = None
 
     def run(self, stop: Event) -> None:
@@ -194,14 +212,14 @@ class Clock:
 
     def _tick_entry(self, entry: Scheduled, minute: datetime) -> int | None:
         if entry.at(minute):
-            self._owed.discard(entry.name)
+            self._owed.discard(entry.key)
             return self._fire(entry, minute)
-        if entry.name not in self._owed:
+        if entry.key not in self._owed:
             return None
         missed = self._missed(entry, minute)
         job_id = self._fire(entry, missed, catch_up=True) if missed else None
         # Only now: a catch-up that failed is tried again at the next tick.
-        self._owed.discard(entry.name)
+        self._owed.discard(entry.key)
         return job_id
 
     def _missed(self, entry: Scheduled, minute: datetime) -> datetime | None:
@@ -210,7 +228,7 @@ class Clock:
         due = last_match(entry.at, minute)
         if due is None:
             return None
-        row = self.db.query_row(Q.clock_last_fired, {"name": entry.name})
+        row = self.db.query_row(Q.clock_last_fired, {"name": entry.name, "entry": entry.key})
         last = row[0] if row else None
         return None if last is not None and last >= due else due
 
@@ -219,6 +237,7 @@ class Clock:
             "queue": entry.queue,
             "name": entry.name,
             "args": encode_args(entry.args),
+            "entry": entry.key,
             "minute": minute,
             "callsite": f"clock:{entry.name}",
         }

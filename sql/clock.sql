@@ -1,9 +1,9 @@
 -- Named queries of the clock, which enqueues the scheduled jobs (lib/clock.py).
 
 -- name: clock_fire
--- Enqueue one scheduled job for one minute: once per (name, minute) across all clocks, none while a copy is pending.
+-- Enqueue one schedule entry for one minute: once per (entry, minute) across all clocks, none while a copy of it (same queue, name and args) is pending.
 WITH tick AS (
-  INSERT INTO clock_ticks (name, minute) VALUES (%(name)s, %(minute)s)
+  INSERT INTO clock_ticks (name, entry, minute) VALUES (%(name)s, %(entry)s, %(minute)s)
   ON CONFLICT DO NOTHING
   RETURNING name
 ), job AS (
@@ -11,7 +11,8 @@ WITH tick AS (
   SELECT %(queue)s, %(name)s, %(args)s::jsonb, %(callsite)s
   FROM tick
   WHERE NOT EXISTS (
-    SELECT 1 FROM jobs WHERE queue = %(queue)s AND name = %(name)s AND status = 'pending'
+    SELECT 1 FROM jobs
+    WHERE queue = %(queue)s AND name = %(name)s AND args = %(args)s::jsonb AND status = 'pending'
   )
   ON CONFLICT DO NOTHING
   RETURNING id
@@ -19,8 +20,8 @@ WITH tick AS (
 SELECT (SELECT count(*) FROM tick)::int AS ticked, (SELECT id FROM job) AS id
 
 -- name: clock_last_fired
--- The latest minute any clock acted on for a scheduled job; NULL when none is kept.
-SELECT max(minute) FROM clock_ticks WHERE name = %(name)s
+-- The latest minute any clock acted on for a schedule entry (rows of entry '' predate entries and count for every entry of their name); NULL when none is kept.
+SELECT max(minute) FROM clock_ticks WHERE name = %(name)s AND entry IN (%(entry)s, '')
 
 -- name: clock_prune
 -- Forget the minutes before the cut-off; catch-up never looks back more than a day.

@@ -172,16 +172,41 @@ WHERE id IN (
 )
 
 -- name: job_redrive
--- Return chosen failed jobs to pending with one more attempt allowed, keeping last_error; a job whose deduped copy is already pending or started is left alone.
-UPDATE jobs j
-SET status = 'pending', run_at = now(), finished_at = NULL, started_at = NULL,
-    max_attempts = j.attempts + 1, worker_id = NULL, slot = NULL, lease_until = NULL
-WHERE starts_with(j.status, 'err: ')
-  AND (%(ids)s::bigint[] IS NULL OR j.id = ANY(%(ids)s::bigint[]))
-  AND (%(queue)s::text IS NULL OR j.queue = %(queue)s)
-  AND (%(name)s::text IS NULL OR j.name = %(name)s)
-  AND NOT (j.dedupe AND EXISTS (
-    SELECT 1 FROM jobs o
-    WHERE o.dedupe AND o.queue = j.queue AND o.name = j.name
-      AND md5(o.args::text) = md5(j.args::text) AND o.status IN ('pending', 'started')))
-RETURNING j.id
+-- Return chosen failed jobs to pending with one more attempt allowed, keeping last_error; of identical failed copies of a deduped job only the newest, and none while a copy is pending or started. One row per chosen job: skipped is NULL when it was redriven, else why not.
+WITH chosen AS (
+  SELECT j.id, j.queue, j.name, j.args, j.finished_at,
+         -- As the insert trigger would decide now: the names may have changed since the row was written.
+         EXISTS (SELECT 1 FROM job_dedupe_names d WHERE d.queue = j.queue AND d.name = j.name) AS dedupe
+  FROM jobs j
+  WHERE starts_with(j.status, 'err: ')
+    AND (%(ids)s::bigint[] IS NULL OR j.id = ANY(%(ids)s::bigint[]))
+    AND (%(queue)s::text IS NULL OR j.queue = %(queue)s)
+    AND (%(name)s::text IS NULL OR j.name = %(name)s)
+),
+ranked AS (
+  SELECT c.id, c.dedupe,
+         first_value(c.id) OVER (PARTITION BY c.queue, c.name, md5(c.args::text)
+                                 ORDER BY c.finished_at DESC NULLS LAST, c.id DESC) AS newest,
+         (SELECT min(o.id) FROM jobs o
+          WHERE c.dedupe AND o.queue = c.queue AND o.name = c.name
+            AND md5(o.args::text) = md5(c.args::text) AND o.status IN ('pending', 'started')) AS live
+  FROM chosen c
+),
+redriven AS (
+  UPDATE jobs j
+  SET status = 'pending', run_at = now(), finished_at = NULL, started_at = NULL,
+      max_attempts = j.attempts + 1, worker_id = NULL, slot = NULL, lease_until = NULL,
+      dedupe = r.dedupe
+  FROM ranked r
+  WHERE j.id = r.id
+    AND starts_with(j.status, 'err: ')  -- rechecked on the row as locked: another redrive may have taken it
+    AND NOT (r.dedupe AND (r.live IS NOT NULL OR r.id <> r.newest))
+  RETURNING j.id
+)
+SELECT id, NULL::text AS skipped FROM redriven
+UNION ALL
+SELECT id, 'job ' || CASE WHEN live IS NOT NULL THEN live || ', a copy of it, is already pending or started'
+                           ELSE newest || ', a newer failure of the same job, was redriven' END
+FROM ranked
+WHERE dedupe AND (live IS NOT NULL OR id <> newest)
+ORDER BY id

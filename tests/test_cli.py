@@ -40,3 +40,20 @@ def test_pause_resume_and_redrive_from_the_command_line(db, database_url):
 def test_migrate_command_exits_after_migrating(database_url):
     done = cli(database_url, "migrate")
     assert done.returncode == 0, done.stderr
+
+
+def test_redrive_says_which_copies_it_skipped_and_why(db, database_url):
+    db.exec("INSERT INTO job_dedupe_names VALUES ('maintenance', 'maintenance.CleanUpJobs')")
+    copies = []
+    for _ in range(2):
+        job_id = insert(db, "maintenance", "maintenance.CleanUpJobs")
+        db.exec("UPDATE jobs SET status = 'err: boom', attempts = 1, finished_at = now() WHERE id = %s", (job_id,))
+        copies.append(job_id)
+    older, newer = copies
+    done = cli(database_url, "redrive", "--queue", "maintenance")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        f"redrove 1 jobs: {newer}",
+        "skipped 1 jobs:",
+        f"  {older}: job {newer}, a newer failure of the same job, was redriven",
+    ]

@@ -177,7 +177,7 @@ def test_no_enqueue_while_a_copy_is_pending(clock_db):
     second = clock.tick(at(0, 10, 30))  # a running copy does not hold the next one back
     assert len(second) == 1
     finish_all(clock_db)
-    insert(clock_db, "caches", "caches.Age", {"by": "hand"})  # any pending copy counts, whoever wrote it
+    insert(clock_db, "caches", "caches.Age")  # a pending copy with the entry's args counts, whoever wrote it
     assert clock.tick(at(0, 10, 45)) == []
     finish_all(clock_db)
     assert len(clock.tick(at(0, 11, 0))) == 1

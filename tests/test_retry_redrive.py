@@ -1,5 +1,9 @@
+import gevent
+import psycopg2
 import pytest
+from tests_support import wait_for
 
+from lib.db import DB
 from lib.insert import insert
 from lib.poller import Poller
 from lib.redrive import redrive
@@ -33,7 +37,7 @@ def test_redrive_returns_failed_jobs_with_their_error_kept(db):
     fine = insert(db, "q", "q.M")
     for _ in range(3):
         poller.work_once()
-    assert redrive(db, ids=[failed, fine]) == [failed]  # an ok job is not a failure
+    assert redrive(db, ids=[failed, fine]).redriven == [failed]  # an ok job is not a failure
     row = db.query_row("SELECT status, attempts, max_attempts, last_error FROM jobs WHERE id = %s", (failed,))
     assert row == ("pending", 1, 2, "err: RuntimeError: vendor down")
     assert db.query_row("SELECT status FROM jobs WHERE id = %s", (other,))[0].startswith("err:")
@@ -43,9 +47,65 @@ def test_redrive_returns_failed_jobs_with_their_error_kept(db):
         "err: RuntimeError: vendor down",
         2,
     )
-    assert redrive(db, queue="q", name="q.N") == [failed, other]
+    assert redrive(db, queue="q", name="q.N").redriven == [failed, other]
 
 
 def test_redrive_needs_a_filter(db):
     with pytest.raises(ValueError):
         redrive(db)
+
+
+def failed_copies(db, n: int, args: dict) -> list[int]:
+    """n identical copies of a deduped job that each failed in turn."""
+    db.exec("INSERT INTO job_dedupe_names VALUES ('d', 'd.Once') ON CONFLICT DO NOTHING")
+    ids = []
+    for _ in range(n):
+        job_id = insert(db, "d", "d.Once", args)
+        db.exec(
+            "UPDATE jobs SET status = 'err: vendor down', attempts = 1, max_attempts = 1, finished_at = now() WHERE id = %s",
+            (job_id,),
+        )
+        ids.append(job_id)
+    return ids
+
+
+def test_redrive_of_failed_copies_of_a_deduped_job_redrives_the_newest(db):
+    older, newer = failed_copies(db, 2, {"k": 1})
+    [alone] = failed_copies(db, 1, {"k": 2})
+    done = redrive(db, queue="d")
+    assert done.redriven == [newer, alone]
+    assert done.skipped == {older: f"job {newer}, a newer failure of the same job, was redriven"}
+    assert db.query("SELECT id, status FROM jobs ORDER BY id") == [
+        (older, "err: vendor down"),
+        (newer, "pending"),
+        (alone, "pending"),
+    ]
+    # With a copy pending, none is redriven, and each says which copy holds it back.
+    assert redrive(db, ids=[older]).skipped == {older: f"job {newer}, a copy of it, is already pending or started"}
+
+
+def test_redrive_that_meets_a_copy_inserted_meanwhile_skips_instead_of_failing(db, database_url):
+    [failed] = failed_copies(db, 1, {"k": 1})
+    app = psycopg2.connect(database_url)
+    operator = DB.connect(database_url, size=1, application_name="jobs-test-redrive")
+    try:
+        with app.cursor() as cur:
+            copy = insert(cur, "d", "d.Once", {"k": 1})  # not committed: the redrive cannot see it yet
+        redriving = gevent.spawn(redrive, operator, ids=[failed])
+        wait_for(
+            lambda: (
+                redriving.dead
+                or db.query(
+                    "SELECT 1 FROM pg_stat_activity WHERE application_name = 'jobs-test-redrive' AND wait_event_type = 'Lock'"
+                )
+            )
+        )
+        waited = not redriving.dead
+        app.commit()
+        done = redriving.get(timeout=30)
+    finally:
+        app.close()
+        operator.close()
+    assert done.redriven == []
+    assert done.skipped == {failed: f"job {copy}, a copy of it, is already pending or started"}
+    assert waited  # on the uncommitted copy, which the first try could not see
