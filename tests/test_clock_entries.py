@@ -110,7 +110,7 @@ def test_ticks_kept_from_before_the_upgrade_still_count(empty_database, tmp_path
         migrate(db, tmp_path)
         # The older clock ticked daily at 03:17, and ran the job.
         db.exec("INSERT INTO clock_ticks (name, minute) VALUES ('m.Daily', %s)", (at(0, 3, 17),))
-        assert migrate(db) == ["009_dedupe_clock_entries"]
+        assert "009_dedupe_clock_entries" in migrate(db)
         cleanup = Scheduled("m", "m.Daily", daily(3, 17), catch_up=True)
         # The restart after the upgrade owes no catch-up: 03:17 was acted on.
         assert Clock(db, [cleanup]).tick(at(0, 9, 0)) == []

@@ -216,7 +216,7 @@ def test_the_upgrade_dedupes_rows_that_slipped_past_a_name_turned_off(empty_data
         db.exec("DELETE FROM job_dedupe_names")
         slipped = insert(db, "dd", "dd.A", {"n": 1})
         db.exec("INSERT INTO job_dedupe_names VALUES ('dd', 'dd.A')")
-        assert migrate(db) == ["009_dedupe_clock_entries"]
+        assert "009_dedupe_clock_entries" in migrate(db)
         assert db.query("SELECT id, status, dedupe FROM jobs ORDER BY id") == [
             (kept, "pending", True),
             (slipped, f"skip: duplicate of job {kept}", False),
