@@ -56,6 +56,15 @@ def _name(greenlet: Any) -> str:
 
 
 def _where(info: list[str]) -> str:
-    """The innermost frame of the report: the line that holds the hub."""
-    frames = [line.strip() for line in info if line.strip().startswith("File ")]
-    return f" at {frames[-1]}" if frames else ""
+    """The innermost frame of the blocked stack: the line that holds the hub."""
+    lines = "\n".join(info).splitlines()
+    start = next((n for n, line in enumerate(lines) if line.startswith("Blocked Stack")), None)
+    if start is None:
+        return ""
+    frame = ""
+    for line in lines[start + 1 :]:
+        if not line.strip():
+            break
+        if line.strip().startswith("File "):
+            frame = line.strip()
+    return f" at {frame}" if frame else ""

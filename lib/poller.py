@@ -310,10 +310,11 @@ class Poller:
         it claimed, or None when it claimed nothing. Raises (and stays
         unsettled) while the server cannot be asked."""
         self.db.settle(exc)
-        row = self.db.query_row(
-            Q.job_claimed_by,
-            {"queue": self.queue, "slot": slot, "worker_id": self.worker_id, "abandoned": sorted(self._abandoned)},
-        )
+        # Not a job this worker runs or finalizes now (the write that failed
+        # may have been that job's outcome), nor one it gave up on.
+        known = sorted(self._abandoned | set(self.leases.held))
+        params = {"queue": self.queue, "slot": slot, "worker_id": self.worker_id, "known": known}
+        row = self.db.query_row(Q.job_claimed_by, params)
         self._unsettled.pop(slot, None)
         job, _ = _claimed(row)
         if job is not None:

@@ -96,12 +96,12 @@ throttled AS (
 SELECT set_config('jobs.finalized', count(*)::text, true)::int FROM done
 
 -- name: job_claimed_by
--- The job a slot of this worker holds started, in job_claim's columns: what a claim whose reply was lost committed. Rows the worker gave up on are passed over.
+-- The job a slot of this worker holds started, in job_claim's columns: what a claim whose reply was lost committed. Rows the worker already knows (runs, finalizes, gave up on) are passed over.
 SELECT id, name, args::text, attempts, max_attempts, callsite,
        greatest(extract(EPOCH FROM started_at - run_at), 0)::float8, NULL::float8, NULL::int
 FROM jobs
 WHERE queue = %(queue)s AND slot = %(slot)s AND status = 'started' AND worker_id = %(worker_id)s
-  AND NOT (id = ANY(%(abandoned)s::bigint[]))
+  AND NOT (id = ANY(%(known)s::bigint[]))
 
 -- name: job_head
 -- The id of the queue's next due pending row in claim order, read without a lock: the suspect when the claim fails on a value.

@@ -2,7 +2,9 @@
 
 While down it closes every open connection and refuses new ones, as a database
 restart or a network fault would, without touching the server the rest of the
-suite uses.
+suite uses. Armed with drop_next_reply(), it forwards a statement (and so its
+commit) but drops the server's reply and closes the client's side only: the
+client cannot know what committed, and the server process lingers.
 """
 
 from __future__ import annotations
@@ -35,6 +37,10 @@ class Proxy:
         self.url = urlunsplit(("postgresql", netloc, parts.path, "", ""))
         self.is_up = True
         self._pipes: set[socket.socket] = set()
+        self._drop_next = False
+        self.dropped = 0
+        # Server sides left open after a dropped reply, closed by close().
+        self._held: list[socket.socket] = []
 
     def _handle(self, client: socket.socket, _address: object) -> None:
         if not self.is_up:
@@ -43,12 +49,14 @@ class Proxy:
         upstream = socket.socket(self.family, socket.SOCK_STREAM)
         upstream.connect(self.address)
         self._pipes.update((client, upstream))
-        pumps = [gevent.spawn(self._pump, client, upstream), gevent.spawn(self._pump, upstream, client)]
+        pumps = [gevent.spawn(self._pump, client, upstream), gevent.spawn(self._replies, upstream, client)]
         gevent.joinall(pumps, count=1)
+        gevent.killall(pumps)
         for sock in (client, upstream):
             self._pipes.discard(sock)
+            if sock in self._held:
+                continue
             sock.close()
-        gevent.killall(pumps)
 
     @staticmethod
     def _pump(src: socket.socket, dst: socket.socket) -> None:
@@ -57,6 +65,25 @@ class Proxy:
                 dst.sendall(data)
         except OSError:
             pass
+
+    def _replies(self, upstream: socket.socket, client: socket.socket) -> None:
+        """Server to client, unless a reply is to be dropped."""
+        try:
+            while data := upstream.recv(65536):
+                if self._drop_next:
+                    self._drop_next = False
+                    self.dropped += 1
+                    self._held.append(upstream)
+                    client.shutdown(socket.SHUT_RDWR)
+                    return
+                client.sendall(data)
+        except OSError:
+            pass
+
+    def drop_next_reply(self) -> None:
+        """The next reply the server sends, on any connection, never arrives:
+        the statement it answers has run (and committed) on the server."""
+        self._drop_next = True
 
     def down(self) -> None:
         self.is_up = False
@@ -70,3 +97,5 @@ class Proxy:
     def close(self) -> None:
         self.down()
         self.server.stop()
+        for sock in self._held:
+            sock.close()
