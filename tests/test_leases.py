@@ -1,0 +1,98 @@
+"""Leases, by planting rows and passing the time in: the fence, the rescue that
+spares what its worker holds, the place in the queue a rescued job keeps."""
+
+import os
+import time
+
+import gevent
+from tests_support import wait_for
+
+from lib.insert import insert
+from lib.leases import Leases, new_worker_id
+from lib.poller import Poller
+
+
+def test_a_worker_id_is_made_per_start_not_per_import(db):
+    assert new_worker_id() != new_worker_id()
+    assert Leases(db).worker_id != Leases(db).worker_id
+    assert f":{os.getpid()}:" in new_worker_id()
+
+
+def test_a_job_is_fenced_once_its_lease_may_lapse_unrenewed(db):
+    leases = Leases(db, lease=30)
+    fenced = []
+    claimed = 1000.0
+    leases.hold(1, claimed, lambda: fenced.append(1))
+    leases.hold(2, claimed + 20, lambda: fenced.append(2))
+    assert leases.fence_lapsed(claimed + 30 - leases.margin - 0.01) == []
+    assert leases.fence_lapsed(claimed + 30 - leases.margin) == [1]
+    assert fenced == [1]
+    # Once only: the handler is stopped once, and the job stays held until its slot lets go.
+    assert leases.fence_lapsed(claimed + 60) == [2]
+    assert fenced == [1, 2]
+    leases.release(1)
+    assert leases.held_ids() == [2]
+
+
+def test_a_renewal_moves_the_fence_and_a_row_rescued_elsewhere_is_not_renewed(db):
+    poller = Poller("q", db, {"q.N": lambda job: "ok"})
+    leases = poller.leases
+    leases.lease = 30
+    insert(db, "q", "q.N")
+    insert(db, "q", "q.N")
+    mine, taken = poller.claim(), Poller("q", db, {"q.N": lambda job: "ok"}, concurrency=2).claim(slot=1)
+    leases.hold(mine.id, 0.0, lambda: None)
+    leases.hold(taken.id, 0.0, lambda: None)  # held here, but started by another worker
+    before = time.monotonic()
+    assert leases.heartbeat() == 1
+    assert leases.held[mine.id].good_until >= before + 30 - leases.margin
+    assert leases.held[taken.id].good_until == 0.0 + 30 - leases.margin
+    assert leases.fence_lapsed() == [taken.id]
+
+
+def test_the_rescue_spares_rows_its_worker_holds_even_past_their_lease(db):
+    poller = Poller("q", db, {"q.N": lambda job: "ok"})
+    held, lost = insert(db, "q", "q.N"), insert(db, "r", "r.N")
+    job = poller.claim()
+    Poller("r", db, {"r.N": lambda job: "ok"}).claim()
+    poller.leases.hold(job.id, time.monotonic(), lambda: None)
+    db.exec("UPDATE jobs SET lease_until = now() - interval '1 minute'")
+    assert [r[0] for r in poller.leases.rescue()] == [lost]
+    assert db.query_row("SELECT status FROM jobs WHERE id = %s", (held,)) == ("started",)
+    # Another worker's rescue takes it: it is not that worker's to spare.
+    assert [r[0] for r in Leases(db).rescue()] == [held]
+
+
+def test_a_rescued_job_keeps_its_place_in_the_queue(db):
+    order = []
+    poller = Poller("q", db, {"q.N": lambda job: order.append(job.id) or "ok"})
+    first = insert(db, "q", "q.N", max_attempts=2)
+    poller.claim()
+    later = [insert(db, "q", "q.N") for _ in range(3)]
+    db.exec("UPDATE jobs SET lease_until = now() - interval '1 second' WHERE id = %s", (first,))
+    assert Leases(db).rescue() == [(first, "q", "q.N", "pending")]
+    while poller.work_once():
+        pass
+    assert order == [first, *later]
+
+
+def test_a_job_interrupted_by_shutdown_with_attempts_left_keeps_its_place(db):
+    order = []
+
+    def handler(job):
+        if not order:
+            order.append(job.id)
+            gevent.sleep(30)  # cut off by the shutdown kill
+        order.append(job.id)
+        return "ok"
+
+    poller = Poller("q", db, {"q.N": handler})
+    first = insert(db, "q", "q.N", max_attempts=2)
+    later = insert(db, "q", "q.N")
+    runner = gevent.spawn(poller.work_once)
+    wait_for(lambda: order)
+    runner.kill()
+    assert db.query_row("SELECT status, attempts FROM jobs WHERE id = %s", (first,)) == ("pending", 1)
+    while poller.work_once():
+        pass
+    assert order == [first, first, later]
