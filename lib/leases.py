@@ -83,8 +83,9 @@ class Leases:
         # handler must be stopped before another worker can rescue the row.
         self.margin = min(1.0, lease / 10)
         self.held: dict[int, Held] = {}
+        # Shared with the rest of the worker (the renewal thread included):
+        # an outage of the database is one report, whoever meets it.
         self.outage = Outage("leases")
-        self.renewal_outage = Outage("lease renewal")
 
     def hold(self, job_id: int, claimed_at: float, fence: Callable[[], None]) -> None:
         """Note a job claimed at claimed_at (monotonic, when the claim's reply
@@ -167,7 +168,8 @@ class Leases:
                     except Exception as exc:
                         self.outage.failed(exc)
                     next_rescue = time.monotonic() + period
-                stop.wait(min(self.margin, period))
+                # Often enough that a fence comes before the lease lapses.
+                stop.wait(min(self.margin / 2, period))
         finally:
             thread_stop.append(True)
 
@@ -179,13 +181,15 @@ class Leases:
         while not thread_stop:
             began = time.monotonic()
             try:
-                if conn is None or conn.closed:
+                # Connected the first time a job is held: an idle worker holds no connection for it.
+                if self.held and (conn is None or conn.closed):
                     conn = psycopg2.connect(self.db.dsn, **connect_options("jobs-leases"))
                     conn.autocommit = True
-                self.heartbeat(_Conn(conn))
-                self.renewal_outage.recovered()
+                if conn is not None:
+                    self.heartbeat(_Conn(conn))
+                    self.outage.recovered()
             except Exception as exc:  # any failure is retried next period; the fence guards the jobs
-                self.renewal_outage.failed(exc)
+                self.outage.failed(exc)
                 if conn is not None:
                     conn.close()
                 conn = None
