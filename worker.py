@@ -4,6 +4,7 @@ monkey.patch_all()  # first: every later import must see the cooperative stdlib
 
 import argparse  # noqa: E402
 import logging  # noqa: E402
+import math  # noqa: E402
 import os  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
@@ -15,15 +16,16 @@ from pathlib import Path  # noqa: E402
 import gevent  # noqa: E402
 from gevent.event import Event  # noqa: E402
 
-from lib import blocked, embedded, errors, registry_check  # noqa: E402
+from lib import blocked, embedded, errors, logs, registry_check  # noqa: E402
 from lib.clock import Clock, Scheduled  # noqa: E402
 from lib.db import DB, is_conn_failure  # noqa: E402
 from lib.errors import Outage  # noqa: E402
-from lib.leases import LEASE_SECONDS, Leases  # noqa: E402
+from lib.leases import Leases  # noqa: E402
 from lib.migrate import migrate  # noqa: E402
 from lib.poller import FINALIZING, Poller  # noqa: E402
 from lib.queue_state import AUTH_PREFIX, pause, resume  # noqa: E402
 from lib.redrive import redrive  # noqa: E402
+from lib.settings import DEFAULT_LEASE_SECONDS, DEFAULT_SHUTDOWN_WINDOW, SettingError, Settings  # noqa: E402
 from lib.sql import Q  # noqa: E402
 from lib.supervise import Supervisor  # noqa: E402
 from lib.wakeups import Listener  # noqa: E402
@@ -35,27 +37,29 @@ Registry = Sequence[Callable[[DB], Poller]]
 # Connections beyond one per poller slot: the lease keeper, the clock, and a
 # handler's own queries while its slot's connection is busy.
 POOL_BUFFER = 4
-SHUTDOWN_WINDOW = float(os.environ.get("JOBS_SHUTDOWN_WINDOW", "30"))
-# How long a started row holds without renewal; a dead worker's jobs are taken
-# back after about this long.
-LEASE = float(os.environ.get("JOBS_LEASE_SECONDS", LEASE_SECONDS))
 
 
 def main(registry: Registry, argv: Sequence[str] | None = None, schedule: Sequence[Scheduled] = ()) -> int:
-    args = _parser().parse_args(argv)
-    logging.basicConfig(
-        level=os.environ.get("LOG_LEVEL", "INFO"),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
+    try:
+        settings = Settings.from_env(os.environ)
+    except SettingError as exc:
+        # Before logging and Sentry are set up: a bad setting is the operator's to fix, not an event.
+        print(f"worker: {exc}", file=sys.stderr)
+        return 2
+    args = _parser(settings).parse_args(argv)
+    logs.setup(settings.log_level)
     errors.init()
     if args.command == "check":
         # Needs no database: it reads the code, the SQL files and the schedule.
         return registry_check.main(list(registry), list(schedule), Path(__file__).resolve().parent)
-    db = _connect(embedded.database_url(), size=len(registry) + POOL_BUFFER)
+    url = settings.database_url or embedded.database_url()
+    db = _connect(url, size=len(registry) + POOL_BUFFER)
     try:
         migrate(db)
         if args.command in (None, "run"):
-            return run(db, registry, shutdown_window=args.shutdown_window, schedule=schedule)
+            return run(
+                db, registry, shutdown_window=args.shutdown_window, lease=settings.lease_seconds, schedule=schedule
+            )
         return _operate(db, args)
     finally:
         db.close()
@@ -80,29 +84,72 @@ def _connect(url: str, size: int) -> DB:
         return db
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(settings: Settings) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description="The jobs worker, and the commands to operate it.")
-    parser.add_argument(
-        "--shutdown-window",
-        type=float,
-        default=SHUTDOWN_WINDOW,
-        help="seconds running jobs get to finish after SIGTERM (default %(default)s)",
-    )
+    window = "seconds running jobs get to finish after SIGTERM (default %(default)s, or JOBS_SHUTDOWN_WINDOW)"
+    parser.add_argument("--shutdown-window", type=_seconds, default=settings.shutdown_window, help=window)
     commands = parser.add_subparsers(dest="command", metavar="command")
-    commands.add_parser("run", help="run the worker (the default)")
+    run_ = commands.add_parser("run", help="run the worker (the default)")
+    # Also after "run", where a reader of `run --help` looks for it; SUPPRESS
+    # keeps a value given before "run" from being reset to the default.
+    run_.add_argument("--shutdown-window", type=_seconds, default=argparse.SUPPRESS, help=window)
     commands.add_parser("migrate", help="apply the migrations not yet applied, and exit")
     commands.add_parser("check", help="fail when a job is written that no worker handles")
     pause_ = commands.add_parser("pause", help="pause a queue for every worker")
-    pause_.add_argument("queue")
-    pause_.add_argument("--reason", required=True)
-    pause_.add_argument("--minutes", type=float, help="end the pause by itself after this long")
+    pause_.add_argument("queue", type=_text)
+    pause_.add_argument("--reason", required=True, type=_text, help="why, for the operators who find it paused")
+    pause_.add_argument("--minutes", type=_minutes, help="end the pause by itself after this long (default: never)")
     resume_ = commands.add_parser("resume", help="end a queue's pause")
-    resume_.add_argument("queue")
+    resume_.add_argument("queue", type=_text)
     redrive_ = commands.add_parser("redrive", help="give failed (err:) jobs another attempt")
-    redrive_.add_argument("--queue")
-    redrive_.add_argument("--name")
-    redrive_.add_argument("--id", type=int, action="append", dest="ids")
+    redrive_.add_argument("--queue", type=_text)
+    redrive_.add_argument("--name", type=_text)
+    redrive_.add_argument("--id", type=_job_id, nargs="+", action="extend", dest="ids", metavar="ID")
     return parser
+
+
+# Argument types: a bad value is one line from argparse and exit code 2.
+
+
+def _seconds(text: str) -> float:
+    value = _number(text)
+    if not 0 <= value <= 86400:
+        raise argparse.ArgumentTypeError(f"seconds from 0 to 86400, got {text!r}")
+    return value
+
+
+def _minutes(text: str) -> float:
+    value = _number(text)
+    # A pause of no time, or one already over, is a slip: "until resumed" is the default.
+    if not 0 < value <= 525600:
+        raise argparse.ArgumentTypeError(f"minutes above 0, at most a year (525600), got {text!r}")
+    return value
+
+
+def _number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"a finite number, got {text!r}")
+    return value
+
+
+def _job_id(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a job id (a whole number), got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"a job id is at least 1, got {text!r}")
+    return value
+
+
+def _text(text: str) -> str:
+    if not text.strip() or not text.isprintable():
+        raise argparse.ArgumentTypeError(f"a non-empty text of printable characters, got {text!r}")
+    return text
 
 
 def _operate(db: DB, args: argparse.Namespace) -> int:
@@ -132,8 +179,8 @@ def run(
     db: DB,
     registry: Registry,
     *,
-    shutdown_window: float = SHUTDOWN_WINDOW,
-    lease: float = LEASE,
+    shutdown_window: float = DEFAULT_SHUTDOWN_WINDOW,
+    lease: float = DEFAULT_LEASE_SECONDS,
     schedule: Sequence[Scheduled] = (),
     stop: Event | None = None,
     supervisor: Supervisor | None = None,

@@ -403,7 +403,7 @@ class Poller:
         log.info(
             "queue=%s job=%s id=%d status=%r latency=%.2fs duration=%.2fs",
             self.queue,
-            _printable(job.name),
+            job.name,
             job.id,
             shown,
             job.latency,
@@ -435,7 +435,7 @@ class Poller:
         log.error(
             "queue=%s job=%s id=%d stopped: its lease was lost; no outcome written, a rescue takes it over",
             self.queue,
-            _printable(job.name),
+            job.name,
             job.id,
         )
         return st.INTERRUPTED, None
@@ -629,11 +629,6 @@ def _refused_value(exc: BaseException) -> bool:
     """The outcome itself was refused: a value the driver cannot send (a NUL
     character) or the server cannot store. Not a lost connection."""
     return isinstance(exc, ValueError) or is_data_error(exc)
-
-
-def _printable(text: str) -> str:
-    """A name as a log line can carry it: one line, nothing hidden."""
-    return text if text.isprintable() else repr(text)
 
 
 def _claimed(row: tuple[Any, ...] | None) -> tuple[PendingJob | None, float | None]:

@@ -1,0 +1,117 @@
+"""The worker's settings, read from the environment once (in worker.main), each
+checked when it is read, so a bad value stops the worker with one clear line
+instead of a traceback at the first job. A malformed DATABASE_URL is named with
+its password masked: the driver's own message may quote it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from urllib.parse import unquote
+
+import psycopg2.extensions
+
+DEFAULT_SHUTDOWN_WINDOW = 30.0
+DEFAULT_LEASE_SECONDS = 30.0
+MASK = "***"
+
+# The password of a URL (scheme://user:password@host) or a key/value DSN
+# (password=... or password='...'), as written: it may be malformed itself.
+_URL = re.compile(r"^[a-z][a-z0-9+.-]*://", re.IGNORECASE)
+_QUERY_PASSWORD = re.compile(r"[?&]password=([^&#]*)")
+_KV_PASSWORD = re.compile(r"(?:^|\s)password\s*=\s*(?:'(?P<quoted>(?:[^'\\]|\\.)*)'|(?P<bare>\S+))")
+
+
+class SettingError(ValueError):
+    """A setting that cannot be used; the message names it and never holds a secret."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    database_url: str | None = None  # None: the embedded server
+    shutdown_window: float = DEFAULT_SHUTDOWN_WINDOW
+    lease_seconds: float = DEFAULT_LEASE_SECONDS
+    log_level: str = "INFO"
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Settings:
+        url = env.get("DATABASE_URL") or None
+        if url is not None:
+            check_dsn(url)
+        level = env.get("LOG_LEVEL", "INFO").strip().upper() or "INFO"
+        if not isinstance(logging.getLevelName(level), int):
+            raise SettingError(f"LOG_LEVEL must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL, got {level!r}")
+        return cls(
+            database_url=url,
+            shutdown_window=seconds(
+                "JOBS_SHUTDOWN_WINDOW", env.get("JOBS_SHUTDOWN_WINDOW"), DEFAULT_SHUTDOWN_WINDOW, low=0
+            ),
+            lease_seconds=seconds("JOBS_LEASE_SECONDS", env.get("JOBS_LEASE_SECONDS"), DEFAULT_LEASE_SECONDS, low=1),
+            log_level=level,
+        )
+
+    def __repr__(self) -> str:
+        url = masked_dsn(self.database_url) if self.database_url else None
+        return (
+            f"Settings(database_url={url!r}, shutdown_window={self.shutdown_window!r}, "
+            f"lease_seconds={self.lease_seconds!r}, log_level={self.log_level!r})"
+        )
+
+
+def seconds(name: str, text: str | None, default: float, *, low: float, high: float = 86400.0) -> float:
+    """A number of seconds from low to high (a day by default); default when unset."""
+    if text is None or not text.strip():
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not low <= value <= high:  # NaN fails both
+        raise SettingError(f"{name} must be a number of seconds from {low:g} to {high:g}, got {text!r}")
+    return value
+
+
+def dsn_password(dsn: str) -> str | None:
+    """The password as written in a DSN (URL or key/value), even a malformed one."""
+    url = _URL.match(dsn.strip())
+    if url:
+        # Up to the last "@": a password may hold "/" or "@" when not encoded.
+        rest = dsn.strip()[url.end() :]
+        userinfo = rest.rsplit("@", 1)[0] if "@" in rest else ""
+        if ":" in userinfo and userinfo.split(":", 1)[1]:
+            return userinfo.split(":", 1)[1]
+        query = _QUERY_PASSWORD.search(rest)
+        return query.group(1) if query else None
+    match = _KV_PASSWORD.search(dsn)
+    if match:
+        return match.group("quoted") or match.group("bare")
+    return None
+
+
+def mask_secret(text: str, secret: str | None) -> str:
+    """text with every form of the secret (as written, and percent-decoded) masked."""
+    if not secret:
+        return text
+    for form in sorted({secret, unquote(secret)}, key=len, reverse=True):
+        if form:
+            text = text.replace(form, MASK)
+    return text
+
+
+def masked_dsn(dsn: str) -> str:
+    """The DSN as an operator may see it: the password masked."""
+    return mask_secret(dsn, dsn_password(dsn))
+
+
+def check_dsn(dsn: str) -> None:
+    """Refuse a DSN the driver cannot parse, naming it with the password masked
+    (libpq quotes the bad part, which may be the password itself)."""
+    try:
+        psycopg2.extensions.parse_dsn(dsn)
+    except psycopg2.Error as exc:
+        reason = mask_secret(str(exc).strip(), dsn_password(dsn))
+        raise SettingError(f"DATABASE_URL is malformed: {reason} (in {masked_dsn(dsn)})") from None

@@ -1,0 +1,140 @@
+"""Settings and command-line values are checked with a clear message and exit
+code 2; a malformed DATABASE_URL never shows its password; names read from
+rows cannot forge log lines."""
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+from sentry_server import SentryServer
+from tests_support import ROOT, wait_for
+
+from lib.insert import insert
+from lib.settings import SettingError, Settings, check_dsn, dsn_password, masked_dsn
+
+SECRET = "SEKRET-pw-4711"
+
+
+def worker(*args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "worker.py", *args],
+        cwd=ROOT,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.fixture
+def sentry():
+    server = SentryServer()
+    yield server
+    server.close()
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        # An unencoded "%" (common in generated passwords): libpq quotes the bad token.
+        f"postgresql://postgres:ab%zz{SECRET}@127.0.0.1:5432/postgres",
+        f"postgresql://postgres:{SECRET}%@127.0.0.1:5432/postgres",
+        f"host=127.0.0.1 password='{SECRET} dbname=x",
+    ],
+)
+def test_a_malformed_database_url_is_named_and_its_password_never_shown(sentry, url):
+    done = worker("migrate", DATABASE_URL=url, SENTRY_DSN=sentry.dsn)
+    assert done.returncode == 2
+    assert "DATABASE_URL is malformed" in done.stderr
+    assert SECRET not in done.stdout + done.stderr
+    assert not any(SECRET.encode() in body for body in sentry.bodies)
+    with pytest.raises(SettingError) as refused:
+        check_dsn(url)
+    assert SECRET not in str(refused.value)
+
+
+def test_the_password_is_found_and_masked_in_every_form_of_dsn():
+    for dsn in (
+        f"postgresql://u:{SECRET}@h/db",
+        f"postgresql://u:pa/ss@{SECRET}@h/db",  # unencoded "/" and "@"
+        f"postgresql://u@h/db?sslmode=require&password={SECRET}",
+        f"host=h password={SECRET} dbname=db",
+        f"host=h password='{SECRET} with space' dbname=db",
+    ):
+        assert SECRET in (dsn_password(dsn) or ""), dsn
+        assert SECRET not in masked_dsn(dsn)
+        assert SECRET not in repr(Settings(database_url=dsn))
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("JOBS_LEASE_SECONDS", "abc"),
+        ("JOBS_LEASE_SECONDS", "0"),
+        ("JOBS_LEASE_SECONDS", "nan"),
+        ("JOBS_SHUTDOWN_WINDOW", "-1"),
+        ("JOBS_SHUTDOWN_WINDOW", "inf"),
+        ("LOG_LEVEL", "LOUD"),
+    ],
+)
+def test_a_bad_setting_stops_the_worker_with_its_name(name, value):
+    done = worker("migrate", **{name: value})
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"worker: {name} must be")
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["pause", "q", "--reason", "r", "--minutes", "0"],
+        ["pause", "q", "--reason", "r", "--minutes", "-5"],
+        ["pause", "q", "--reason", "r", "--minutes", "nan"],
+        ["pause", "q", "--reason", "r", "--minutes", "inf"],
+        ["pause", "q", "--reason", ""],
+        ["pause", "q", "--reason", "two\nlines"],
+        ["redrive", "--id", "0"],
+        ["redrive", "--id", "x"],
+        ["--shutdown-window", "-3"],
+        ["run", "--shutdown-window", "nan"],
+    ],
+)
+def test_a_bad_command_line_value_is_refused_with_exit_code_2(database_url, args):
+    done = worker(*args, DATABASE_URL=database_url)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "error: argument" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_redrive_takes_several_ids_after_one_flag(db, database_url):
+    ids = [insert(db, "caches", "caches.Age", {"n": n}) for n in range(2)]
+    db.exec("UPDATE jobs SET status = 'err: boom', attempts = 1")
+    done = worker("redrive", "--id", str(ids[0]), str(ids[1]), DATABASE_URL=database_url)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0] == f"redrove 2 jobs: {ids[0]}, {ids[1]}"
+
+
+def test_a_name_read_from_a_row_cannot_forge_a_log_line(db, database_url, tmp_path):
+    forged = "2026-01-01 00:00:00,000 ERROR jobs.worker FORGED"
+    insert(db, "probe", "probe.Record")  # a job for the probe worker's queue...
+    db.exec("UPDATE jobs SET name = %s", (f"probe.Sleep\n{forged}",))  # ...renamed by hand
+    log_path = tmp_path / "worker.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "tests" / "apps" / "probe_worker.py")],
+            env={**os.environ, "DATABASE_URL": database_url},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        wait_for(lambda: db.query_row("SELECT status FROM jobs")[0].startswith("err: UnknownJob"), 30)
+        wait_for(lambda: "UnknownJob" in log_path.read_text(), 10)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        proc.kill()
+    lines = log_path.read_text().splitlines()
+    assert not [line for line in lines if line.startswith(forged)]
+    assert any("probe.Sleep\\n2026-01-01" in line for line in lines)
