@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 import gevent
+import psycopg2
 import pytest
 from gevent.event import Event
 from tests_support import count_jobs
@@ -16,6 +17,55 @@ from lib.insert import insert
 from lib.leases import Leases
 from lib.poller import Poller
 from lib.sql import Q
+
+# The advisory lock a test's trigger waits on. Advisory locks belong to one
+# database, and each run of the suite has its own.
+GATE = 7_100_001
+
+
+class Gate:
+    """A lock the test holds on a connection of its own. A trigger that takes
+    it waits until the test opens the gate, so a statement stays in flight for
+    exactly as long as the test needs, with no sleep to guess how long."""
+
+    def __init__(self, database_url: str) -> None:
+        self.database_url = database_url
+        self.closed = True
+
+    def __enter__(self) -> "Gate":
+        self.conn = psycopg2.connect(self.database_url)
+        self.conn.autocommit = True
+        with self.conn.cursor() as cur:
+            cur.execute("SELECT pg_advisory_lock(%s)", (GATE,))
+        self.closed = False
+        return self
+
+    def open(self) -> None:
+        if not self.closed:
+            with self.conn.cursor() as cur:
+                cur.execute("SELECT pg_advisory_unlock(%s)", (GATE,))
+            self.closed = True
+
+    def __exit__(self, *exc) -> None:
+        self.conn.close()  # opens the gate, too
+
+
+def _wait_for(predicate, timeout: float = 10.0):
+    """The first true answer of predicate, polled: for a condition nothing signals."""
+    with gevent.Timeout(timeout):
+        while not (found := predicate()):
+            gevent.sleep(0.01)
+    return found
+
+
+def _waiting_on(db: DB, wait_event: str, app: str | None = None) -> list[int]:
+    """Backends of this run's database (others may share the server) waiting on a lock of this kind."""
+    rows = db.query(
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' "
+        "AND wait_event = %s AND (%s::text IS NULL OR application_name = %s)",
+        (wait_event, app, app),
+    )
+    return [pid for (pid,) in rows]
 
 
 def _poll_until(poller: Poller, done, timeout: float = 20) -> None:
@@ -220,34 +270,30 @@ def test_a_failed_job_with_attempts_left_is_retried_later(db):
 
 def test_finalize_survives_its_connection_being_killed(database_url, db, caplog):
     """The finalize's connection is killed while the statement is in flight (a
-    trigger holds it for half a second); it runs once more on a fresh
+    trigger holds it on a lock the test owns); it runs once more on a fresh
     connection, and the outcome is written."""
     db.exec(
         "CREATE OR REPLACE FUNCTION slow_finalize() RETURNS trigger LANGUAGE plpgsql AS $$ "
-        "BEGIN IF NEW.status = 'ok: survived' THEN PERFORM pg_sleep(0.5); END IF; RETURN NEW; END $$"
+        f"BEGIN IF NEW.status = 'ok: survived' THEN PERFORM pg_advisory_xact_lock_shared({GATE}); END IF; "
+        "RETURN NEW; END $$"
     )
     db.exec("CREATE TRIGGER slow_finalize BEFORE UPDATE ON jobs FOR EACH ROW EXECUTE FUNCTION slow_finalize()")
     pool = DB.connect(database_url, size=2, application_name="jobs-victim")
     killed = []
 
-    def kill_during_finalize():
-        gevent.sleep(0.25)  # the handler has returned; the finalize sleeps in its trigger
-        killed.extend(
-            db.query(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                "WHERE application_name = 'jobs-victim' AND query LIKE 'EXECUTE job_finalize%%'"
-            )
-        )
+    def kill_during_finalize(gate):
+        # Waiting on the gate, the finalize is in flight: its update has begun.
+        pids = _wait_for(lambda: _waiting_on(db, "advisory", "jobs-victim"))
+        killed.extend(db.query("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS pid", (pids,)))
+        gate.open()  # the second run may pass
 
-    def handler(job):
-        gevent.spawn(kill_during_finalize)
-        return st.ok("survived")
-
-    poller = Poller("q", pool, {"q.N": handler})
+    poller = Poller("q", pool, {"q.N": lambda job: st.ok("survived")})
     job_id = insert(db, "q", "q.N")
     try:
-        with caplog.at_level(logging.WARNING, logger="jobs"):
+        with Gate(database_url) as gate, caplog.at_level(logging.WARNING, logger="jobs"), gevent.Timeout(20):
+            killer = gevent.spawn(kill_during_finalize, gate)
             assert poller.work_once() == "ok: survived"
+            killer.get()
     finally:
         db.exec("DROP TRIGGER slow_finalize ON jobs")
         pool.close()
@@ -369,13 +415,14 @@ def test_a_claimed_job_that_never_ran_is_given_back(db):
     assert poller.work_once() == "ok"
 
 
-def test_racing_claimers_keep_fifo(db):
-    """Worker a locks the queue's head and is slowed before its claim lands (a
-    trigger stands in for the scheduler); worker b, claiming meanwhile, must
-    not take the next row and run it first."""
+def test_racing_claimers_keep_fifo(db, database_url):
+    """Worker a locks the queue's head and is held before its claim lands (a
+    trigger waits on a gate the test owns, standing in for the scheduler);
+    worker b, claiming meanwhile, must wait for the head rather than take the
+    next row and run it first."""
     db.exec(
         "CREATE OR REPLACE FUNCTION slow_a() RETURNS trigger LANGUAGE plpgsql AS $$ "
-        "BEGIN IF NEW.worker_id = 'a' THEN PERFORM pg_sleep(0.5); END IF; RETURN NEW; END $$"
+        f"BEGIN IF NEW.worker_id = 'a' THEN PERFORM pg_advisory_xact_lock_shared({GATE}); END IF; RETURN NEW; END $$"
     )
     db.exec("CREATE TRIGGER slow_a BEFORE UPDATE ON jobs FOR EACH ROW EXECUTE FUNCTION slow_a()")
     try:
@@ -383,10 +430,16 @@ def test_racing_claimers_keep_fifo(db):
         a = Poller("q", db, {"q.N": lambda job: "ok"})
         b = Poller("q", db, {"q.N": lambda job: "ok"})
         a.worker_id, b.worker_id = "a", "b"
-        claiming = gevent.spawn(a.claim)
-        gevent.sleep(0.2)  # a holds the head's row lock now
-        assert b.claim() is None  # b waited for the head, then found the slot taken
-        assert claiming.get(timeout=10).id == head
+        with Gate(database_url) as gate, gevent.Timeout(20):
+            claiming_a = gevent.spawn(a.claim)
+            # a waits at the gate inside its update: it holds the head's row lock now.
+            _wait_for(lambda: _waiting_on(db, "advisory"))
+            claiming_b = gevent.spawn(b.claim)
+            # b must queue behind a's lock on the head; a b that took another row is done already.
+            _wait_for(lambda: claiming_b.ready() or _waiting_on(db, "transactionid") or _waiting_on(db, "tuple"))
+            gate.open()
+            assert claiming_b.get() is None  # b waited for the head, then found the slot taken
+            assert claiming_a.get().id == head
         assert dict(db.query("SELECT id, status FROM jobs")) == {head: "started", second: "pending"}
     finally:
         db.exec("DROP TRIGGER slow_a ON jobs")
