@@ -302,12 +302,54 @@ def test_finalize_survives_its_connection_being_killed(database_url, db, caplog)
     assert any("finalize lost its connection, once more" in r.getMessage() for r in caplog.records)
 
 
-def test_finalize_that_fails_twice_leaves_the_row_to_the_rescue(db, sentry_events):
+def test_finalize_that_fails_twice_leaves_the_row_to_the_rescue(db, sentry_events, caplog):
+    """Every run of this job's finalize loses its connection (a trigger ends
+    its own session mid-update): the write is tried twice, the failure is
+    logged and reported once, and the row stays started under its lease, for
+    the rescue to take back."""
+    db.exec("DROP SEQUENCE IF EXISTS finalize_tries")
+    db.exec("CREATE SEQUENCE finalize_tries")
+    db.exec(
+        "CREATE OR REPLACE FUNCTION doomed_finalize() RETURNS trigger LANGUAGE plpgsql AS $$ "
+        "BEGIN IF NEW.status = 'ok: doomed' THEN "
+        # A sequence, not a table: its count survives the aborted transactions.
+        "  PERFORM nextval('finalize_tries'); "
+        "  PERFORM pg_terminate_backend(pg_backend_pid()); "
+        "  PERFORM pg_sleep(30); "  # the session ends at this sleep's first interrupt check
+        "END IF; RETURN NEW; END $$"
+    )
+    db.exec("CREATE TRIGGER doomed_finalize BEFORE UPDATE ON jobs FOR EACH ROW EXECUTE FUNCTION doomed_finalize()")
+    poller = Poller("q", db, {"q.N": lambda job: st.ok("doomed")})
+    job_id = insert(db, "q", "q.N")
+    try:
+        with caplog.at_level(logging.WARNING, logger="jobs"), gevent.Timeout(20):
+            assert poller.work_once() == "ok: doomed"
+    finally:
+        db.exec("DROP TRIGGER doomed_finalize ON jobs")
+    (tries,) = db.query_row("SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM finalize_tries")
+    db.exec("DROP SEQUENCE finalize_tries")
+    assert tries == 2
+    assert db.query_row("SELECT status, lease_until IS NOT NULL FROM jobs WHERE id = %s", (job_id,)) == (
+        "started",
+        True,
+    )
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and "finalize failed" in errors[0], errors
+    assert len(sentry_events) == 1
+    assert str(sentry_events[0]["tags"]["job_id"]) == str(job_id)
+    # Left to the rescue: once its lease runs out, the row is taken back.
+    db.exec("UPDATE jobs SET lease_until = now() - interval '1 second' WHERE id = %s", (job_id,))
+    assert [r[0] for r in Leases(db, list).rescue()] == [job_id]
+
+
+def test_an_outcome_for_a_row_rescued_meanwhile_is_dropped(db):
+    """The lease ran out while the job ran (its heartbeat was cut off) and the
+    rescue took the row back: the late outcome must not overwrite the rescue's."""
     poller = Poller("q", db, {"q.N": lambda job: "ok"})
     job_id = insert(db, "q", "q.N")
     job = poller.claim()
-    # Another worker rescued the row while this one was cut off: the outcome is dropped, not forced.
-    db.exec("UPDATE jobs SET status = 'err: interrupted', worker_id = 'someone-else' WHERE id = %s", (job_id,))
+    db.exec("UPDATE jobs SET lease_until = now() - interval '1 second' WHERE id = %s", (job_id,))
+    assert [r[0] for r in Leases(db, list).rescue()] == [job_id]
     assert poller.run(job) == "ok"
     assert db.query_row("SELECT status FROM jobs WHERE id = %s", (job_id,)) == ("err: interrupted",)
 
