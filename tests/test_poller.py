@@ -422,15 +422,57 @@ def test_bad_configuration_fails_at_construction(db, kwargs):
         Poller("q", db, {})
 
 
-def test_outcome_and_next_claim_go_in_one_round_trip(db):
+def _noting_cursor(sent: list) -> type:
+    """A real cursor class that notes each statement it sends: one execute is
+    one round trip to the server, however many statements its text holds."""
+
+    class Noting(psycopg2.extensions.cursor):
+        def execute(self, query, vars=None):
+            sent.append(query)
+            return super().execute(query, vars)
+
+    return Noting
+
+
+def test_outcome_and_next_claim_go_in_one_round_trip(database_url, db):
     """In the loop, a job's outcome is written together with the claim of the
-    next job; the jobs still run one at a time, in order."""
+    next job: one round trip and one transaction per job, not two. The jobs
+    still run one at a time, in order."""
+    # Which transaction wrote each status change, noted by the server itself.
+    db.exec("CREATE TABLE status_writes (xid xid8, id bigint, status text)")
+    db.exec(
+        "CREATE OR REPLACE FUNCTION note_status() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        "INSERT INTO status_writes VALUES (pg_current_xact_id(), NEW.id, NEW.status); RETURN NULL; END $$"
+    )
+    db.exec("CREATE TRIGGER note_status AFTER UPDATE OF status ON jobs FOR EACH ROW EXECUTE FUNCTION note_status()")
+    n = 20
+    ids = [insert(db, "q", "q.N") for _ in range(n)]
+    # A pool of one connection, so every statement of the poller goes through its noting cursors.
+    pool = DB(database_url, size=1)
+    sent: list = []
+    noting = _noting_cursor(sent)
+    with pool.connection() as conn:
+        conn.cursor_factory = noting
     order = []
-    poller = Poller("q", db, {"q.N": lambda job: order.append(job.id) or "ok"}, poll_interval=0.1)
-    ids = [insert(db, "q", "q.N") for _ in range(5)]
-    _poll_until(poller, lambda: len(order) == 5)
+    poller = Poller("q", pool, {"q.N": lambda job: order.append(job.id) or "ok"}, poll_interval=60)
+    try:
+        # Done when the last outcome is committed; the poller then idles with nothing sent.
+        _poll_until(poller, lambda: count_jobs(db, "status = 'ok'") == n)
+        with pool.connection() as conn:
+            # Still the noting connection: none was replaced by one sending unnoted.
+            still_noting = conn.cursor_factory is noting
+        writes = {(job_id, status): xid for xid, job_id, status in db.query("SELECT * FROM status_writes")}
+    finally:
+        db.exec("DROP TRIGGER note_status ON jobs")
+        db.exec("DROP TABLE status_writes")
+        pool.close()
     assert order == ids
-    assert count_jobs(db, "status = 'ok'") == 5
+    # Each job's outcome and the next job's claim were one transaction.
+    assert all(writes[(a, "ok")] == writes[(b, "started")] for a, b in itertools.pairwise(ids)), writes
+    # n jobs cost n round trips and a fixed few (the first claim, preparing
+    # the named statements once on the connection), not 2n.
+    assert still_noting
+    assert len(sent) <= n + 4, sent
 
 
 def test_when_the_claim_sent_with_an_outcome_fails_the_outcome_is_written_alone(db):
