@@ -1,15 +1,17 @@
 """Paths no other test reached: a poller killed mid-finalize, a finalize that
 fails twice in two ways, a job killed with attempts left, an idle poller's
-sleep to its next delayed row."""
+sleep to its next delayed row, the clock stepping back."""
 
 import logging
 from datetime import UTC, datetime, timedelta
 
 import gevent
 import psycopg2
+import pytest
 from gevent.event import Event
 
 from lib import status as st
+from lib.clock import Clock, Scheduled
 from lib.db import DB
 from lib.insert import insert
 from lib.poller import Poller
@@ -204,3 +206,60 @@ def test_an_idle_poller_sleeps_until_its_next_delayed_row(db):
         poller.wake()
         polling.get(timeout=10)
     assert db.query_row("SELECT status, started_at >= run_at FROM jobs WHERE id = %s", (job_id,)) == ("ok", True)
+
+
+# The clock
+
+
+class SteppedTime:
+    """now() for Clock.run: the given times in turn; the last one also sets stop."""
+
+    def __init__(self, times: list[datetime], stop: Event) -> None:
+        self.times = times
+        self.stop = stop
+
+    def __call__(self) -> datetime:
+        if len(self.times) == 1:
+            self.stop.set()
+            return self.times[0]
+        return self.times.pop(0)
+
+
+MON = datetime(2026, 3, 2, tzinfo=UTC)
+
+
+def test_the_clock_stepping_back_ticks_the_next_minute_of_the_new_time(db):
+    """The wall clock steps back 70 minutes while the clock waits for 09:11: it
+    ticks 08:01, the next minute of the new time, instead of waiting 70 minutes."""
+    seen: list[datetime] = []
+    entry = Scheduled("q", "q.Every", lambda t: seen.append(t) or False)
+    stop = Event()
+    at = lambda h, m, s=0: MON + timedelta(hours=h, minutes=m, seconds=s)  # noqa: E731
+    now = SteppedTime([at(9, 10, 30), at(8, 0, 30), at(8, 0, 30), at(8, 1), at(8, 1)], stop)
+    with gevent.Timeout(10):
+        Clock(db, [entry], now=now).run(stop)
+    assert seen == [at(8, 1)]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="lib/clock.py Clock._prune: after the wall clock steps back, minute - self._pruned is "
+    "negative, always < PRUNE_EVERY, so the process stops pruning clock_ticks until its clock "
+    "passes the old time again plus an hour",
+)
+def test_the_clock_keeps_pruning_clock_ticks_after_stepping_back(db):
+    """A clock that ran a day ahead is corrected (NTP steps it back). It goes on
+    pruning clock_ticks about once an hour of the new time, not only once the
+    new time has caught up with the old one."""
+    db.exec("TRUNCATE clock_ticks")
+    clock = Clock(db, [Scheduled("x", "x.Never", lambda t: False)])
+    ahead = MON + timedelta(hours=12)
+    clock.tick(ahead)  # prunes, and notes when
+    back = ahead - timedelta(days=1)
+    db.exec(
+        "INSERT INTO clock_ticks VALUES ('x.Old', %s), ('x.Recent', %s)",
+        (back - timedelta(days=4), back - timedelta(days=1)),
+    )
+    clock.tick(back)
+    clock.tick(back + timedelta(minutes=61))  # an hour and more since the step, by the new time
+    assert db.query("SELECT name FROM clock_ticks ORDER BY name") == [("x.Recent",)]
