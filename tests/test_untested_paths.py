@@ -1,20 +1,24 @@
 """Paths no other test reached: a poller killed mid-finalize, a finalize that
 fails twice in two ways, a job killed with attempts left, an idle poller's
-sleep to its next delayed row, the clock stepping back."""
+sleep to its next delayed row, the clock stepping back, the pool's grow,
+close and check-in, and an insert through a bare cursor."""
 
 import logging
 from datetime import UTC, datetime, timedelta
 
 import gevent
 import psycopg2
+import psycopg2.extensions
 import pytest
 from gevent.event import Event
+from tests_support import count_jobs
 
 from lib import status as st
 from lib.clock import Clock, Scheduled
-from lib.db import DB
+from lib.db import DB, PoolTimeout
 from lib.insert import insert
 from lib.poller import Poller
+from lib.sql import Q
 
 # The advisory lock a test's trigger waits on. Advisory locks belong to one
 # database, and each run of the suite has its own.
@@ -63,6 +67,10 @@ def _waiting_at_gate(db: DB) -> list[int]:
         "AND wait_event_type = 'Lock' AND wait_event = 'advisory'"
     )
     return [pid for (pid,) in rows]
+
+
+def _gone(db: DB, pid: int) -> bool:
+    return db.query_row("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,)) == (0,)
 
 
 def _job(db: DB, job_id: int) -> dict:
@@ -263,3 +271,100 @@ def test_the_clock_keeps_pruning_clock_ticks_after_stepping_back(db):
     clock.tick(back)
     clock.tick(back + timedelta(minutes=61))  # an hour and more since the step, by the new time
     assert db.query("SELECT name FROM clock_ticks ORDER BY name") == [("x.Recent",)]
+
+
+# The pool
+
+
+def test_grow_lets_more_connections_out_at_once(database_url):
+    pool = DB.connect(database_url, size=1, checkout_timeout=0.5)
+    try:
+        with pool.connection() as first:
+            with pytest.raises(PoolTimeout):  # its one connection is out
+                pool.query_row("SELECT 1")
+            pool.grow(1)
+            with pool.connection() as second:
+                assert second is not first
+                with first.cursor() as a, second.cursor() as b:
+                    a.execute("SELECT pg_backend_pid()")
+                    b.execute("SELECT pg_backend_pid()")
+                    assert a.fetchone() != b.fetchone()
+        assert pool.size == 2
+    finally:
+        pool.close()
+
+
+def test_close_with_a_connection_checked_out(database_url, db):
+    """close() closes the idle connections at once; one checked out still works
+    for its holder and is closed, not pooled, when it comes back; no new
+    checkout is allowed."""
+    pool = DB.connect(database_url, size=2)
+    with pool.connection() as held:
+        with pool.connection() as idle, idle.cursor() as cur:
+            cur.execute("SELECT pg_backend_pid()")
+            (idle_pid,) = cur.fetchone()
+        pool.close()
+        assert idle.closed
+        _wait_for(lambda: _gone(db, idle_pid))
+        with held.cursor() as cur:
+            cur.execute("SELECT 1")
+            assert cur.fetchone() == (1,)
+        with pytest.raises(RuntimeError, match="closed"):
+            pool.query_row("SELECT 1")
+    assert held.closed
+
+
+@pytest.mark.parametrize("left", ["open", "failed"])
+def test_a_connection_left_in_a_transaction_is_rolled_back_at_check_in(database_url, db, left):
+    """A caller of connection() turned autocommit off and gave the connection
+    back inside a transaction, still open or failed by a server error. Its work
+    is rolled back, and the same connection is handed out again, in
+    autocommit and out of any transaction."""
+    pool = DB.connect(database_url, size=1)
+    try:
+        with pool.connection() as conn, conn.cursor() as cur:
+            cur.execute("SELECT pg_backend_pid()")
+            (pid,) = cur.fetchone()
+        if left == "open":
+            with pool.connection() as conn, conn.cursor() as cur:
+                conn.autocommit = False
+                cur.execute("INSERT INTO cache_entries VALUES ('left', '1', now())")
+        else:
+            with pytest.raises(psycopg2.Error), pool.connection() as conn, conn.cursor() as cur:
+                conn.autocommit = False
+                cur.execute("INSERT INTO cache_entries VALUES ('left', '1', now())")
+                cur.execute("SELECT 1 / 0")
+        assert db.query("SELECT key FROM cache_entries WHERE key = 'left'") == []
+        with pool.connection() as conn, conn.cursor() as cur:
+            assert conn.autocommit
+            assert conn.info.transaction_status == psycopg2.extensions.TRANSACTION_STATUS_IDLE
+            cur.execute("SELECT pg_backend_pid()")
+            assert cur.fetchone() == (pid,)  # kept, not discarded
+    finally:
+        pool.close()
+
+
+# Insert
+
+
+def test_insert_through_a_bare_psycopg2_cursor(db, database_url):
+    """A caller that holds only a cursor enqueues inside its transaction: the
+    job exists once the caller commits, is gone if it rolls back, and a copy
+    the dedupe index suppresses gives None."""
+    db.exec(Q.dedupe_declare, {"queue": "c", "names": ["c.Once"]})
+    conn = psycopg2.connect(database_url)
+    try:
+        with conn.cursor() as cur:
+            assert isinstance(insert(cur, "c", "c.N", {"n": 1}), int)
+            assert count_jobs(db) == 0  # not committed
+            conn.rollback()
+            job_id = insert(cur, "c", "c.N", {"n": 2})
+            assert insert(cur, "c", "c.Once", {"n": 3}) is not None
+            assert insert(cur, "c", "c.Once", {"n": 3}) is None
+            conn.commit()
+    finally:
+        conn.close()
+        db.exec(Q.dedupe_declare, {"queue": "c", "names": []})
+    rows = db.query("SELECT id, name, args, callsite FROM jobs ORDER BY id")
+    assert [r[:3] for r in rows] == [(job_id, "c.N", {"n": 2}), (job_id + 1, "c.Once", {"n": 3})]
+    assert all(r[3].startswith("tests/test_untested_paths.py:") for r in rows)
