@@ -255,7 +255,8 @@ class Clock:
     def _prune(self, minute: datetime) -> None:
         """Delete old clock_ticks rows about once an hour per process: a small
         delete on a small table."""
-        if self._pruned is not None and minute - self._pruned < PRUNE_EVERY:
+        # A clock stepped back (minute before the last prune) prunes too.
+        if self._pruned is not None and timedelta(0) <= minute - self._pruned < PRUNE_EVERY:
             return
         # Set first: a prune that fails is tried (and reported) again in an
         # hour, not every minute of an outage.

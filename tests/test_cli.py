@@ -2,9 +2,11 @@ import os
 import subprocess
 import sys
 
+import psycopg2
 from tests_support import ROOT
 
 from lib.insert import insert
+from lib.migrate import migrations
 from lib.queue_state import paused
 
 
@@ -37,9 +39,25 @@ def test_pause_resume_and_redrive_from_the_command_line(db, database_url):
     assert refused.returncode == 2 and "needs ids, a queue or a name" in refused.stderr
 
 
-def test_migrate_command_exits_after_migrating(database_url):
-    done = cli(database_url, "migrate")
+def test_migrate_command_exits_after_migrating(empty_database):
+    """On a database with no tables it applies every migration and exits,
+    without starting the worker; run again, it finds nothing left to do."""
+    done = cli(empty_database, "migrate")
     assert done.returncode == 0, done.stderr
+    output = done.stdout + done.stderr
+    assert "running" not in output and "stopping" not in output, output  # the worker never started
+    conn = psycopg2.connect(empty_database)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT version FROM schema_migrations ORDER BY version")
+            assert [v for (v,) in cur.fetchall()] == [version for version, _, _ in migrations()]
+            cur.execute("SELECT count(*) FROM jobs")  # the table the worker needs is there
+            assert cur.fetchone() == (0,)
+    finally:
+        conn.close()
+    again = cli(empty_database, "migrate")
+    assert again.returncode == 0, again.stderr
+    assert "applied migration" in done.stderr and "applied migration" not in again.stderr
 
 
 def test_redrive_says_which_copies_it_skipped_and_why(db, database_url):

@@ -330,7 +330,36 @@ def test_run_that_wakes_late_skips_the_minutes_between(clock_db):
 
 
 def test_run_returns_at_once_when_stopped(clock_db):
+    """Stop set while the clock waits for its next minute (59 s away) ends the
+    wait: shutdown does not hang on the clock. Stop set before it starts, it
+    never ticks."""
+    seen: list[datetime] = []
+    entry = Scheduled("q", "q.Every", lambda t: seen.append(t) or True)
+    waiting = Event()
+    calls = 0
+
+    def now() -> datetime:
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            # The second look at the time computes the wait; nothing yields
+            # between here and the wait itself.
+            waiting.set()
+        return at(0, 9, 0, 1)
+
+    stop = Event()
+    clock = gevent.spawn(Clock(clock_db, [entry], now=now).run, stop)
+    try:
+        assert waiting.wait(5)
+        stop.set()
+        # Far less than the 59 s the clock was waiting: only the stop can end it.
+        clock.get(timeout=20)
+    finally:
+        clock.kill()
+    assert seen == []
+
     stop = Event()
     stop.set()
-    with gevent.Timeout(2):
-        Clock(clock_db, [], now=lambda: at(0, 9, 0, 1)).run(stop)
+    with gevent.Timeout(20):
+        Clock(clock_db, [entry], now=lambda: at(0, 9, 0, 1)).run(stop)
+    assert seen == []

@@ -1,12 +1,89 @@
+import contextlib
+import socket
+from urllib.parse import parse_qs, urlsplit, urlunsplit
+
 import gevent
 import psycopg2
 import pytest
+from gevent.server import StreamServer
 
 from lib.db import DB, PoolTimeout, is_conn_failure
 
 
-def _backends(db, app):
-    return [r[0] for r in db.query("SELECT pid FROM pg_stat_activity WHERE application_name = %s", (app,))]
+def _wait_for(predicate, timeout: float = 10.0) -> None:
+    with gevent.Timeout(timeout):
+        while not predicate():
+            gevent.sleep(0.01)
+
+
+def _gone(db: DB, pid: int) -> bool:
+    """Whether the backend has left: it removes itself only after telling its client it is going."""
+    return db.query_row("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,)) == (0,)
+
+
+def _sleeping(db: DB, app: str) -> bool:
+    """Whether a backend of this run's database with this application name is in pg_sleep."""
+    (n,) = db.query_row(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+        "AND application_name = %s AND wait_event = 'PgSleep'",
+        (app,),
+    )
+    return n > 0
+
+
+class VanishingRelay:
+    """A loopback relay in front of the server whose connections can vanish
+    without a word, as when a NAT or firewall between drops its state: the
+    server's side is closed, the client's is left open with nothing to read,
+    and whatever the client sends next is met by a close. Only a round trip
+    finds out. New connections relay as usual."""
+
+    def __init__(self, url: str) -> None:
+        parts = urlsplit(url)
+        host = parse_qs(parts.query).get("host", [parts.hostname or "localhost"])[0]
+        port = parts.port or 5432
+        if host.startswith("/"):
+            self.target: tuple = (socket.AF_UNIX, f"{host}/.s.PGSQL.{port}")
+        else:
+            self.target = (socket.AF_INET, (host, port))
+        self.server = StreamServer(("127.0.0.1", 0), self._handle)
+        self.server.start()
+        netloc = f"{parts.username or 'postgres'}@127.0.0.1:{self.server.server_port}"
+        self.url = urlunsplit(("postgresql", netloc, parts.path, "", ""))
+        self._links: list[dict] = []
+
+    def _handle(self, client: socket.socket, _address: object) -> None:
+        upstream = socket.socket(self.target[0], socket.SOCK_STREAM)
+        upstream.connect(self.target[1])
+        link = {
+            "vanished": False,
+            "pumps": [gevent.spawn(_pump, client, upstream), gevent.spawn(_pump, upstream, client)],
+        }
+        self._links.append(link)
+        gevent.joinall(link["pumps"], count=1)
+        gevent.killall(link["pumps"])
+        upstream.close()
+        if link["vanished"]:
+            with contextlib.suppress(OSError):
+                client.recv(65536)  # the client's next message finds the connection gone
+        # The server closes the client's socket when this returns.
+
+    def vanish(self) -> None:
+        for link in self._links:
+            link["vanished"] = True
+            gevent.killall(link["pumps"])
+        self._links = []
+
+    def close(self) -> None:
+        self.server.stop()
+
+
+def _pump(src: socket.socket, dst: socket.socket) -> None:
+    try:
+        while data := src.recv(65536):
+            dst.sendall(data)
+    except OSError:
+        pass
 
 
 def test_server_error_is_not_a_conn_failure_and_keeps_the_connection(database_url):
@@ -24,7 +101,7 @@ def test_killed_connection_is_a_conn_failure_and_is_discarded(database_url, db):
     with pytest.raises(psycopg2.Error) as info, pool.transaction() as tx:
         pid = tx.query_row("SELECT pg_backend_pid()")[0]
         db.exec("SELECT pg_terminate_backend(%s)", (pid,))
-        gevent.sleep(0.1)
+        _wait_for(lambda: _gone(db, pid))
         tx.query_row("SELECT 1")
     assert is_conn_failure(info.value)
     # The dead connection was not returned: the next call gets a new one.
@@ -36,18 +113,30 @@ def test_idle_connection_told_to_go_is_dropped_without_a_round_trip(database_url
     pool = DB.connect(database_url, size=1, application_name="t-told")
     pid = pool.query_row("SELECT pg_backend_pid()")[0]
     db.exec("SELECT pg_terminate_backend(%s)", (pid,))
-    gevent.sleep(0.1)
+    _wait_for(lambda: _gone(db, pid))
     assert pool.query_row("SELECT pg_backend_pid()")[0] != pid  # no error reached the caller
     pool.close()
 
 
-def test_long_idle_connection_is_pinged_before_handout(database_url, db):
-    pool = DB.connect(database_url, size=1, ping_after=0, application_name="t-ping")
-    pid = pool.query_row("SELECT pg_backend_pid()")[0]
-    db.exec("SELECT pg_terminate_backend(%s)", (pid,))
-    gevent.sleep(0.1)
-    assert pool.query_row("SELECT pg_backend_pid()")[0] != pid  # no error reached the caller
-    pool.close()
+def test_long_idle_connection_is_pinged_before_handout(database_url):
+    """A connection whose peer vanished silently has nothing to read, so it
+    looks alive. One idle past ping_after is pinged before it is handed out,
+    and the caller gets a fresh connection instead of the error."""
+    relay = VanishingRelay(database_url)
+    pool = DB.connect(relay.url, size=1, ping_after=0)
+    unpinged = DB.connect(relay.url, size=1)  # idle far less than its ping_after
+    try:
+        pid = pool.query_row("SELECT pg_backend_pid()")[0]
+        relay.vanish()
+        assert pool.query_row("SELECT pg_backend_pid()")[0] != pid  # no error reached the caller
+        # The case needs the ping: without one, the caller meets the dead connection.
+        with pytest.raises(psycopg2.Error) as info:
+            unpinged.query_row("SELECT 1")
+        assert is_conn_failure(info.value)
+    finally:
+        pool.close()
+        unpinged.close()
+        relay.close()
 
 
 def test_timeout_mid_query_is_not_a_conn_failure_but_discards(database_url):
@@ -67,10 +156,10 @@ def test_statement_timeout_from_server_is_not_a_conn_failure(db):
     assert not is_conn_failure(info.value)
 
 
-def test_checkout_blocks_then_times_out(database_url):
-    pool = DB.connect(database_url, size=1, checkout_timeout=0.3)
+def test_checkout_blocks_then_times_out(database_url, db):
+    pool = DB.connect(database_url, size=1, checkout_timeout=0.3, application_name="t-blocks")
     holder = gevent.spawn(pool.exec, "SELECT pg_sleep(1)")
-    gevent.sleep(0.1)
+    _wait_for(lambda: _sleeping(db, "t-blocks"))  # the holder has the one connection
     with pytest.raises(PoolTimeout):
         pool.query_row("SELECT 1")
     holder.get()
@@ -78,10 +167,10 @@ def test_checkout_blocks_then_times_out(database_url):
     pool.close()
 
 
-def test_checkout_waits_for_a_free_connection(database_url):
-    pool = DB.connect(database_url, size=1, checkout_timeout=5)
+def test_checkout_waits_for_a_free_connection(database_url, db):
+    pool = DB.connect(database_url, size=1, checkout_timeout=5, application_name="t-waits")
     holder = gevent.spawn(pool.exec, "SELECT pg_sleep(0.3)")
-    gevent.sleep(0.05)
+    _wait_for(lambda: _sleeping(db, "t-waits"))  # the holder has the one connection
     assert pool.query_row("SELECT 2") == (2,)
     holder.get()
     pool.close()

@@ -1,7 +1,7 @@
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from tests_support import count_jobs
+from tests_support import count_jobs, run_python
 
 from lib.insert import Job, insert, insert_many
 from lib.poller import Poller
@@ -55,17 +55,34 @@ def test_dedupe_must_name_handled_jobs(db):
         Poller("d", db, {"d.A": lambda job: "ok"}, dedupe={"d.B"})
 
 
-def test_throttle_holds_for_the_queue_across_processes(db):
+_THROTTLED_WORKER = """
+from gevent.event import Event
+from lib.db import DB
+from lib.poller import Poller
+db = DB.connect({url!r}, size=2)
+poller = Poller("t", db, {{"t.N": lambda job: "ok"}}, throttle=lambda status, error, elapsed: 30.0)
+# Stopping: this process does not sit the pause out itself; the queue's other workers must.
+stopping = Event()
+stopping.set()
+print(poller.work_once(stop=stopping))
+"""
+
+
+def test_throttle_holds_for_the_queue_across_processes(db, database_url):
+    """A worker process runs one job of queue t, whose throttle asks for 30 s,
+    and exits; this process, a worker of its own, must not claim t's next job
+    before the 30 s are up."""
     db.exec("TRUNCATE job_queues")
-    one = Poller("t", db, {"t.N": lambda job: "ok"}, throttle=lambda s, e, t: 0.2)
-    other = Poller("t", db, {"t.N": lambda job: "ok"}, throttle=lambda s, e, t: 0.2)
-    other.worker_id = "another-process"
-    insert(db, "t", "t.N")
-    insert(db, "t", "t.N")
-    assert one.work_once() == "ok"  # waits its 0.2 s locally, too
-    db.exec("UPDATE job_queues SET next_claim_at = now() + interval '30 seconds'")
+    first, second = insert(db, "t", "t.N"), insert(db, "t", "t.N")
+    done = run_python(_THROTTLED_WORKER.format(url=database_url))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"
+    assert dict(db.query("SELECT id, status FROM jobs")) == {first: "ok", second: "pending"}
+    other = Poller("t", db, {"t.N": lambda job: "ok"})
     job, wait = other._claim(None, 0)
-    assert job is None and 25 < wait <= 30
+    assert job is None and 0 < wait <= 30
+    assert count_jobs(db, "status = 'pending'") == 1
+    # Once the pause is over (moved back by hand here), any worker goes on.
     db.exec("UPDATE job_queues SET next_claim_at = now() - interval '1 second'")
     assert other.work_once() == "ok"
 

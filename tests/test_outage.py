@@ -8,7 +8,24 @@ from tests_support import count_jobs, start_worker, wait_for
 from lib.db import DB
 from lib.errors import Outage
 from lib.insert import insert
-from lib.poller import Poller
+from lib.poller import FINALIZING, Poller
+
+
+def _wait_for(predicate, timeout: float = 20.0) -> None:
+    with gevent.Timeout(timeout):
+        while not predicate():
+            gevent.sleep(0.02)
+
+
+def _read_until(proc, text: str, timeout: float = 30.0) -> str:
+    """What the process printed up to the first line holding text."""
+    lines = []
+    with gevent.Timeout(timeout):
+        for line in proc.stdout:
+            lines.append(line)
+            if text in line:
+                return "".join(lines)
+    raise AssertionError(f"the process ended before printing {text!r}: {''.join(lines)}")
 
 
 def test_unreachable_database_is_one_event_for_the_whole_outage(database_url, db, sentry_events, caplog):
@@ -25,18 +42,21 @@ def test_unreachable_database_is_one_event_for_the_whole_outage(database_url, db
     stop = Event()
     greenlets = [gevent.spawn(p.poll, stop) for p in pollers]
     try:
-        gevent.sleep(0.2)
+        for q in ("a", "b", "c"):
+            insert(db, q, f"{q}.N")
+        # All three work through the proxy, and no outcome write is still
+        # waiting for its answer: a write cut off by the outage would be a
+        # failure of its own (reported apart) and hold its queue's slot.
+        _wait_for(lambda: count_jobs(db, "status = 'ok'") == 3 and len(FINALIZING) == 0)
         proxy.down()
         with caplog.at_level(logging.WARNING):
-            gevent.sleep(2.0)  # every poller fails several cycles
+            # Every poller fails several cycles (the first retry comes after 1 s).
+            _wait_for(lambda: outage._failures >= 6)
             assert outage.failing
-            assert outage._failures >= 6
             proxy.up()
             for q in ("a", "b", "c"):
                 insert(db, q, f"{q}.N")
-            with gevent.Timeout(15):
-                while len(done) < 3:
-                    gevent.sleep(0.05)
+            _wait_for(lambda: len(done) == 6)
         assert not outage.failing
     finally:
         stop.set()
@@ -48,7 +68,7 @@ def test_unreachable_database_is_one_event_for_the_whole_outage(database_url, db
     assert len(sentry_events) == 1
     assert "fetch pending jobs failing" in repr(sentry_events[0])
     assert any("recovered after" in r.getMessage() for r in caplog.records)
-    assert count_jobs(db, "status = 'ok'") == 3
+    assert count_jobs(db, "status = 'ok'") == 6
 
 
 def test_two_outages_are_two_events(sentry_events):
@@ -71,8 +91,9 @@ def test_a_worker_started_while_the_database_is_down_waits_for_it(db, database_u
     proxy.down()
     proc = start_worker(proxy.url)
     try:
-        gevent.sleep(2.5)  # a few refused attempts
-        assert proc.poll() is None, proc.stdout.read()
+        # Refused once, it says so and keeps trying (the next try is a second later).
+        before = _read_until(proc, "database at start failing")
+        assert proc.poll() is None, before
         proxy.up()
         job_id = insert(db, "probe", "probe.Sleep", {"seconds": 0})
         wait_for(lambda: count_jobs(db, f"id = {job_id} AND status = 'ok'") == 1, timeout=60)
@@ -81,5 +102,5 @@ def test_a_worker_started_while_the_database_is_down_waits_for_it(db, database_u
     finally:
         proc.kill()
         proxy.close()
-    assert proc.returncode == 0, out
-    assert "database at start failing" in out and "database at start recovered" in out
+    assert proc.returncode == 0, before + out
+    assert "database at start recovered" in out

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 import gevent
+import psycopg2
 import pytest
 from gevent.event import Event
 from tests_support import count_jobs
@@ -17,6 +18,55 @@ from lib.insert import insert
 from lib.leases import Leases
 from lib.poller import Poller
 from lib.sql import Q
+
+# The advisory lock a test's trigger waits on. Advisory locks belong to one
+# database, and each run of the suite has its own.
+GATE = 7_100_001
+
+
+class Gate:
+    """A lock the test holds on a connection of its own. A trigger that takes
+    it waits until the test opens the gate, so a statement stays in flight for
+    exactly as long as the test needs, with no sleep to guess how long."""
+
+    def __init__(self, database_url: str) -> None:
+        self.database_url = database_url
+        self.closed = True
+
+    def __enter__(self) -> "Gate":
+        self.conn = psycopg2.connect(self.database_url)
+        self.conn.autocommit = True
+        with self.conn.cursor() as cur:
+            cur.execute("SELECT pg_advisory_lock(%s)", (GATE,))
+        self.closed = False
+        return self
+
+    def open(self) -> None:
+        if not self.closed:
+            with self.conn.cursor() as cur:
+                cur.execute("SELECT pg_advisory_unlock(%s)", (GATE,))
+            self.closed = True
+
+    def __exit__(self, *exc) -> None:
+        self.conn.close()  # opens the gate, too
+
+
+def _wait_for(predicate, timeout: float = 10.0):
+    """The first true answer of predicate, polled: for a condition nothing signals."""
+    with gevent.Timeout(timeout):
+        while not (found := predicate()):
+            gevent.sleep(0.01)
+    return found
+
+
+def _waiting_on(db: DB, wait_event: str, app: str | None = None) -> list[int]:
+    """Backends of this run's database (others may share the server) waiting on a lock of this kind."""
+    rows = db.query(
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' "
+        "AND wait_event = %s AND (%s::text IS NULL OR application_name = %s)",
+        (wait_event, app, app),
+    )
+    return [pid for (pid,) in rows]
 
 
 def _poll_until(poller: Poller, done, timeout: float = 20) -> None:
@@ -221,34 +271,30 @@ def test_a_failed_job_with_attempts_left_is_retried_later(db):
 
 def test_finalize_survives_its_connection_being_killed(database_url, db, caplog):
     """The finalize's connection is killed while the statement is in flight (a
-    trigger holds it for half a second); it runs once more on a fresh
+    trigger holds it on a lock the test owns); it runs once more on a fresh
     connection, and the outcome is written."""
     db.exec(
         "CREATE OR REPLACE FUNCTION slow_finalize() RETURNS trigger LANGUAGE plpgsql AS $$ "
-        "BEGIN IF NEW.status = 'ok: survived' THEN PERFORM pg_sleep(0.5); END IF; RETURN NEW; END $$"
+        f"BEGIN IF NEW.status = 'ok: survived' THEN PERFORM pg_advisory_xact_lock_shared({GATE}); END IF; "
+        "RETURN NEW; END $$"
     )
     db.exec("CREATE TRIGGER slow_finalize BEFORE UPDATE ON jobs FOR EACH ROW EXECUTE FUNCTION slow_finalize()")
     pool = DB.connect(database_url, size=2, application_name="jobs-victim")
     killed = []
 
-    def kill_during_finalize():
-        gevent.sleep(0.25)  # the handler has returned; the finalize sleeps in its trigger
-        killed.extend(
-            db.query(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                "WHERE application_name = 'jobs-victim' AND query LIKE 'EXECUTE job_finalize%%'"
-            )
-        )
+    def kill_during_finalize(gate):
+        # Waiting on the gate, the finalize is in flight: its update has begun.
+        pids = _wait_for(lambda: _waiting_on(db, "advisory", "jobs-victim"))
+        killed.extend(db.query("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS pid", (pids,)))
+        gate.open()  # the second run may pass
 
-    def handler(job):
-        gevent.spawn(kill_during_finalize)
-        return st.ok("survived")
-
-    poller = Poller("q", pool, {"q.N": handler})
+    poller = Poller("q", pool, {"q.N": lambda job: st.ok("survived")})
     job_id = insert(db, "q", "q.N")
     try:
-        with caplog.at_level(logging.WARNING, logger="jobs"):
+        with Gate(database_url) as gate, caplog.at_level(logging.WARNING, logger="jobs"), gevent.Timeout(20):
+            killer = gevent.spawn(kill_during_finalize, gate)
             assert poller.work_once() == "ok: survived"
+            killer.get()
     finally:
         db.exec("DROP TRIGGER slow_finalize ON jobs")
         pool.close()
@@ -257,27 +303,71 @@ def test_finalize_survives_its_connection_being_killed(database_url, db, caplog)
     assert any("finalize lost its connection, once more" in r.getMessage() for r in caplog.records)
 
 
-def test_finalize_that_fails_twice_leaves_the_row_to_the_rescue(db, sentry_events):
+def test_finalize_that_fails_twice_leaves_the_row_to_the_rescue(db, sentry_events, caplog):
+    """Every run of this job's finalize loses its connection (a trigger ends
+    its own session mid-update): the write is tried twice, the failure is
+    logged and reported once, and the row stays started under its lease, for
+    the rescue to take back."""
+    db.exec("DROP SEQUENCE IF EXISTS finalize_tries")
+    db.exec("CREATE SEQUENCE finalize_tries")
+    db.exec(
+        "CREATE OR REPLACE FUNCTION doomed_finalize() RETURNS trigger LANGUAGE plpgsql AS $$ "
+        "BEGIN IF NEW.status = 'ok: doomed' THEN "
+        # A sequence, not a table: its count survives the aborted transactions.
+        "  PERFORM nextval('finalize_tries'); "
+        "  PERFORM pg_terminate_backend(pg_backend_pid()); "
+        "  PERFORM pg_sleep(30); "  # the session ends at this sleep's first interrupt check
+        "END IF; RETURN NEW; END $$"
+    )
+    db.exec("CREATE TRIGGER doomed_finalize BEFORE UPDATE ON jobs FOR EACH ROW EXECUTE FUNCTION doomed_finalize()")
+    poller = Poller("q", db, {"q.N": lambda job: st.ok("doomed")})
+    job_id = insert(db, "q", "q.N")
+    try:
+        with caplog.at_level(logging.WARNING, logger="jobs"), gevent.Timeout(20):
+            assert poller.work_once() == "ok: doomed"
+    finally:
+        db.exec("DROP TRIGGER doomed_finalize ON jobs")
+    (tries,) = db.query_row("SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM finalize_tries")
+    db.exec("DROP SEQUENCE finalize_tries")
+    assert tries == 2
+    assert db.query_row("SELECT status, lease_until IS NOT NULL FROM jobs WHERE id = %s", (job_id,)) == (
+        "started",
+        True,
+    )
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and "finalize failed" in errors[0], errors
+    assert len(sentry_events) == 1
+    assert str(sentry_events[0]["tags"]["job_id"]) == str(job_id)
+    # Left to the rescue: once its lease runs out, the row is taken back.
+    db.exec("UPDATE jobs SET lease_until = now() - interval '1 second' WHERE id = %s", (job_id,))
+    assert [r[0] for r in Leases(db).rescue()] == [job_id]
+
+
+def test_an_outcome_for_a_row_rescued_meanwhile_is_dropped(db):
+    """The lease ran out while the job ran (its heartbeat was cut off) and the
+    rescue took the row back: the late outcome must not overwrite the rescue's."""
     poller = Poller("q", db, {"q.N": lambda job: "ok"})
     job_id = insert(db, "q", "q.N")
     job = poller.claim()
-    # Another worker rescued the row while this one was cut off: the outcome is dropped, not forced.
-    db.exec("UPDATE jobs SET status = 'err: interrupted', worker_id = 'someone-else' WHERE id = %s", (job_id,))
+    db.exec("UPDATE jobs SET lease_until = now() - interval '1 second' WHERE id = %s", (job_id,))
+    assert [r[0] for r in Leases(db).rescue()] == [job_id]
     assert poller.run(job) == "ok"
     assert db.query_row("SELECT status FROM jobs WHERE id = %s", (job_id,)) == ("err: interrupted",)
 
 
 def test_rescue_takes_expired_leases_only(db):
-    poller = Poller("q", db, {"q.N": lambda job: "ok"})
     live, dead, retry = insert(db, "q", "q.N"), insert(db, "r", "r.N"), insert(db, "s", "s.N", max_attempts=3)
+    waiting = insert(db, "t", "t.N")
     for queue in ("q", "r", "s"):
         Poller(queue, db, {f"{queue}.N": lambda job: "ok"}).claim()
     db.exec("UPDATE jobs SET lease_until = now() - interval '1 second' WHERE id IN (%s, %s)", (dead, retry))
+    # A lease with little left is still a lease: its worker renews it in time.
+    db.exec("UPDATE jobs SET lease_until = now() + interval '2 seconds' WHERE id = %s", (live,))
     rescued = Leases(db).rescue()
     assert sorted((r[0], r[3]) for r in rescued) == [(dead, "err: interrupted"), (retry, "pending")]
     rows = dict(db.query("SELECT id, status FROM jobs"))
-    assert rows == {live: "started", dead: "err: interrupted", retry: "pending"}
-    assert poller.running == {}
+    assert rows == {live: "started", dead: "err: interrupted", retry: "pending", waiting: "pending"}
+    assert Leases(db).rescue() == []  # nothing is taken twice
 
 
 def test_heartbeat_renews_only_running_jobs(db):
@@ -334,15 +424,57 @@ def test_bad_configuration_fails_at_construction(db, kwargs):
         Poller("q", db, {})
 
 
-def test_outcome_and_next_claim_go_in_one_round_trip(db):
+def _noting_cursor(sent: list) -> type:
+    """A real cursor class that notes each statement it sends: one execute is
+    one round trip to the server, however many statements its text holds."""
+
+    class Noting(psycopg2.extensions.cursor):
+        def execute(self, query, vars=None):
+            sent.append(query)
+            return super().execute(query, vars)
+
+    return Noting
+
+
+def test_outcome_and_next_claim_go_in_one_round_trip(database_url, db):
     """In the loop, a job's outcome is written together with the claim of the
-    next job; the jobs still run one at a time, in order."""
+    next job: one round trip and one transaction per job, not two. The jobs
+    still run one at a time, in order."""
+    # Which transaction wrote each status change, noted by the server itself.
+    db.exec("CREATE TABLE status_writes (xid xid8, id bigint, status text)")
+    db.exec(
+        "CREATE OR REPLACE FUNCTION note_status() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        "INSERT INTO status_writes VALUES (pg_current_xact_id(), NEW.id, NEW.status); RETURN NULL; END $$"
+    )
+    db.exec("CREATE TRIGGER note_status AFTER UPDATE OF status ON jobs FOR EACH ROW EXECUTE FUNCTION note_status()")
+    n = 20
+    ids = [insert(db, "q", "q.N") for _ in range(n)]
+    # A pool of one connection, so every statement of the poller goes through its noting cursors.
+    pool = DB(database_url, size=1)
+    sent: list = []
+    noting = _noting_cursor(sent)
+    with pool.connection() as conn:
+        conn.cursor_factory = noting
     order = []
-    poller = Poller("q", db, {"q.N": lambda job: order.append(job.id) or "ok"}, poll_interval=0.1)
-    ids = [insert(db, "q", "q.N") for _ in range(5)]
-    _poll_until(poller, lambda: len(order) == 5)
+    poller = Poller("q", pool, {"q.N": lambda job: order.append(job.id) or "ok"}, poll_interval=60)
+    try:
+        # Done when the last outcome is committed; the poller then idles with nothing sent.
+        _poll_until(poller, lambda: count_jobs(db, "status = 'ok'") == n)
+        with pool.connection() as conn:
+            # Still the noting connection: none was replaced by one sending unnoted.
+            still_noting = conn.cursor_factory is noting
+        writes = {(job_id, status): xid for xid, job_id, status in db.query("SELECT * FROM status_writes")}
+    finally:
+        db.exec("DROP TRIGGER note_status ON jobs")
+        db.exec("DROP TABLE status_writes")
+        pool.close()
     assert order == ids
-    assert count_jobs(db, "status = 'ok'") == 5
+    # Each job's outcome and the next job's claim were one transaction.
+    assert all(writes[(a, "ok")] == writes[(b, "started")] for a, b in itertools.pairwise(ids)), writes
+    # n jobs cost n round trips and a fixed few (the first claim, preparing
+    # the named statements once on the connection), not 2n.
+    assert still_noting
+    assert len(sent) <= n + 4, sent
 
 
 def test_when_the_claim_sent_with_an_outcome_fails_the_outcome_is_written_alone(db):
@@ -371,13 +503,14 @@ def test_a_claimed_job_that_never_ran_is_given_back(db):
     assert poller.work_once() == "ok"
 
 
-def test_racing_claimers_keep_fifo(db):
-    """Worker a locks the queue's head and is slowed before its claim lands (a
-    trigger stands in for the scheduler); worker b, claiming meanwhile, must
-    not take the next row and run it first."""
+def test_racing_claimers_keep_fifo(db, database_url):
+    """Worker a locks the queue's head and is held before its claim lands (a
+    trigger waits on a gate the test owns, standing in for the scheduler);
+    worker b, claiming meanwhile, must wait for the head rather than take the
+    next row and run it first."""
     db.exec(
         "CREATE OR REPLACE FUNCTION slow_a() RETURNS trigger LANGUAGE plpgsql AS $$ "
-        "BEGIN IF NEW.worker_id = 'a' THEN PERFORM pg_sleep(0.5); END IF; RETURN NEW; END $$"
+        f"BEGIN IF NEW.worker_id = 'a' THEN PERFORM pg_advisory_xact_lock_shared({GATE}); END IF; RETURN NEW; END $$"
     )
     db.exec("CREATE TRIGGER slow_a BEFORE UPDATE ON jobs FOR EACH ROW EXECUTE FUNCTION slow_a()")
     try:
@@ -385,20 +518,26 @@ def test_racing_claimers_keep_fifo(db):
         a = Poller("q", db, {"q.N": lambda job: "ok"})
         b = Poller("q", db, {"q.N": lambda job: "ok"})
         a.worker_id, b.worker_id = "a", "b"
-        claiming = gevent.spawn(a.claim)
-        gevent.sleep(0.2)  # a holds the head's row lock now
-        assert b.claim() is None  # b waited for the head, then found the slot taken
-        assert claiming.get(timeout=10).id == head
+        with Gate(database_url) as gate, gevent.Timeout(20):
+            claiming_a = gevent.spawn(a.claim)
+            # a waits at the gate inside its update: it holds the head's row lock now.
+            _wait_for(lambda: _waiting_on(db, "advisory"))
+            claiming_b = gevent.spawn(b.claim)
+            # b must queue behind a's lock on the head; a b that took another row is done already.
+            _wait_for(lambda: claiming_b.ready() or _waiting_on(db, "transactionid") or _waiting_on(db, "tuple"))
+            gate.open()
+            assert claiming_b.get() is None  # b waited for the head, then found the slot taken
+            assert claiming_a.get().id == head
         assert dict(db.query("SELECT id, status FROM jobs")) == {head: "started", second: "pending"}
     finally:
         db.exec("DROP TRIGGER slow_a ON jobs")
 
 
 def test_a_job_longer_than_its_lease_is_never_rescued_while_it_runs(db):
-    """Lease 1.5 s, job 3.5 s: the heartbeat renews it, another process's rescue
+    """Lease 3 s, job 4.5 s: the heartbeat renews it, another process's rescue
     passes it over, and the outcome is written."""
-    poller = Poller("long", db, {"long.N": lambda job: gevent.sleep(3.5) or "ok"})
-    poller.lease = 1.5
+    poller = Poller("long", db, {"long.N": lambda job: gevent.sleep(4.5) or "ok"})
+    poller.lease = 3.0
     mine = poller.leases
     elsewhere = Leases(db, worker_id="another-process")
     job_id = insert(db, "long", "long.N")
@@ -407,7 +546,7 @@ def test_a_job_longer_than_its_lease_is_never_rescued_while_it_runs(db):
     runner = gevent.spawn(poller.work_once)
     rescued = []
     try:
-        for _ in range(16):
+        for _ in range(20):
             gevent.sleep(0.25)
             rescued += elsewhere.rescue()
         assert runner.get(timeout=10) == "ok"

@@ -39,12 +39,56 @@ def test_a_name_defined_twice_is_an_error():
         parse("-- name: a\nSELECT 1\n-- name: a\nSELECT 2\n")
 
 
+class _Rollback(Exception):
+    pass
+
+
+def _answers(db: DB) -> tuple[list, list[str]]:
+    """What a run of named queries answers on this pool, the way the code runs
+    them, in a transaction rolled back so the next pool starts from the same
+    table; and the statements the connection had prepared by then."""
+    answers: list = []
+    with pytest.raises(_Rollback), db.transaction() as tx:
+        tx.exec(Q.queue_pause, {"queue": "cmp", "reason": "test", "until": None})
+        answers.append(tx.query(Q.queue_paused))
+        answers.append(tx.exec(Q.queue_resume, {"queue": "cmp", "prefix": "auth: "}))
+        answers.append(tx.exec(Q.queue_resume, {"queue": "cmp", "prefix": None}))
+        insert = {"queue": "cmp", "name": "cmp.N", "args": '{"a": [1, "x"]}', "callsite": "here:1"}
+        (job_id,) = tx.query_row(Q.job_insert, {**insert, "run_at": None, "priority": 3, "max_attempts": None})
+        claim = {"queue": "cmp", "id": None, "slot": 0, "worker_id": "w", "lease": 30.0, "max_attempts": 2}
+        claimed = tx.query_row(Q.job_claim, claim)
+        # Ids differ between the runs (a sequence is not rolled back), and so does the latency.
+        answers.append((claimed[0] == job_id, *claimed[1:6], claimed[7:]))
+        answers.append(
+            tx.query_row(
+                Q.job_finalize,
+                {"id": job_id, "worker_id": "w", "attempts": 1, "status": "pending", "retry_in": 3600.0}
+                | {"last_error": "err: x", "delay": 0.0, "uncounted": 0},
+            )
+        )
+        answers.append(
+            tx.query_row("SELECT status, attempts, max_attempts, last_error FROM jobs WHERE id = %s", (job_id,))
+        )
+        answers.append(tx.query_row(Q.job_claim, claim)[7] > 3500)  # the wait until the retry is due
+        prepared = [name for (name,) in tx.query("SELECT name FROM pg_prepared_statements ORDER BY name")]
+        raise _Rollback
+    answers.append(db.query(Q.queue_paused))
+    return answers, prepared
+
+
 def test_unprepared_pool_gives_the_same_answers(database_url):
-    db = DB.connect(database_url, size=2, prepare=False)
-    db.exec(Q.queue_pause, {"queue": "unprepared", "reason": "test", "until": None})
-    with db.transaction() as tx:
-        assert tx.query(Q.queue_paused) == db.query(Q.queue_paused)
-    (prepared,) = db.query_row("SELECT count(*) FROM pg_prepared_statements")
-    assert prepared == 0
-    db.exec("DELETE FROM job_queues WHERE queue = 'unprepared'")
-    db.close()
+    """A pool with prepare off (for a pooler in transaction mode) sends the
+    named queries as plain text: it must answer as the prepared pool does, and
+    leave nothing prepared on the server."""
+    prepared_db = DB.connect(database_url, size=1)
+    unprepared_db = DB.connect(database_url, size=1, prepare=False)
+    try:
+        prepared_answers, prepared = _answers(prepared_db)
+        unprepared_answers, unprepared = _answers(unprepared_db)
+    finally:
+        prepared_db.close()
+        unprepared_db.close()
+    assert unprepared_answers == prepared_answers
+    assert prepared_answers[3][0] is True  # the claim took the row just inserted
+    assert {"job_claim", "job_finalize", "job_insert", "queue_pause"} <= set(prepared)
+    assert unprepared == []

@@ -44,11 +44,71 @@ def test_every_status_the_sql_writes_parses():
         st.kind(literal)
 
 
-def test_counts_use_the_reader(db):
-    from lib.insert import insert
+def test_every_status_the_code_writes_parses(db):
+    """Drive each writer of a status (the claim, every kind of outcome, a
+    retry, a snooze, a killed job, the rescue, a redrive), then
+    read back every status and last_error in the table: each one must parse,
+    and between them they must cover every kind, so no writer was left out."""
+    import gevent
+    from gevent.event import Event
 
-    for s in ["ok", "ok: 2", "fail: no", "skip: none", "err: boom", "err: interrupted"]:
-        job_id = insert(db, "q", "q.X")
-        db.exec("UPDATE jobs SET status = %s WHERE id = %s", (s, job_id))
-    kinds = [st.kind(s) for (s,) in db.query("SELECT status FROM jobs")]
-    assert kinds.count(st.Kind.OK) == 2 and kinds.count(st.Kind.ERR) == 2
+    from lib.insert import insert
+    from lib.leases import Leases
+    from lib.poller import Poller, Snooze
+    from lib.redrive import redrive
+
+    hanging = Event()
+
+    def raises(job):
+        raise RuntimeError("vendor said no")
+
+    def hangs(job):
+        hanging.set()
+        gevent.sleep(60)
+        return "ok"
+
+    def snoozes(job):
+        raise Snooze(60, st.rate_limited(60, "429 from the vendor"))
+
+    dispatch = {
+        "q.Ok": lambda job: st.ok(),
+        "q.OkDetail": lambda job: st.ok("3 rows"),
+        "q.Fail": lambda job: st.fail("no match"),
+        "q.Skip": lambda job: st.skip("nothing new"),
+        "q.Raise": raises,
+        "q.Slow": lambda job: gevent.sleep(60) or "ok",
+        "q.Bad": lambda job: "done",
+        "q.Snooze": snoozes,
+    }
+    poller = Poller("q", db, dispatch, job_timeout=0.2, max_attempts=1)
+    for name in [*dispatch, "q.Unknown"]:
+        insert(db, "q", name)
+    insert(db, "q", "q.Raise", {"retry": True}, max_attempts=2)
+    while poller.work_once() is not None:
+        pass
+    # Killed while it runs (the shutdown window closed): written off as interrupted.
+    insert(db, "k", "k.Hang", max_attempts=1)
+    killed = gevent.spawn(Poller("k", db, {"k.Hang": hangs}).work_once)
+    assert hanging.wait(10)
+    killed.kill()
+    # Rescued from a lost worker, with attempts left and without.
+    for max_attempts in (1, 2):
+        insert(db, f"r{max_attempts}", "r.N", max_attempts=max_attempts)
+        Poller(f"r{max_attempts}", db, {"r.N": lambda job: "ok"}).claim()
+    db.exec("UPDATE jobs SET lease_until = now() - interval '1 second' WHERE queue LIKE 'r_'")
+    assert len(Leases(db).rescue()) == 2
+    # Redriven after a fault, and one row left started and one pending.
+    assert len(redrive(db, queue="q", name="q.Bad").redriven) == 1
+    insert(db, "s", "s.N")
+    Poller("s", db, {"s.N": lambda job: "ok"}).claim()
+    insert(db, "p", "p.N")
+
+    written = {s for (s,) in db.query("SELECT status FROM jobs UNION SELECT last_error FROM jobs")} - {None}
+    kinds = {}
+    for status in written:
+        kinds.setdefault(st.kind(status), set()).add(status)
+    assert set(kinds) == set(st.Kind), kinds
+    # Every writer wrote: only the row left claimed on purpose is still started.
+    assert db.query("SELECT queue FROM jobs WHERE status = 'started'") == [("s",)]
+    assert st.INTERRUPTED in written
+    assert len(written) >= 12, written

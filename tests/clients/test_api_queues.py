@@ -7,10 +7,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from datetime import timedelta
 from pathlib import Path
 
+import gevent
 import pytest
 from conftest import NOW, TOKEN
 from gevent.event import Event
@@ -169,6 +169,17 @@ def test_anthropic_overloaded_sends_the_job_back(db, fake_api, sentry_events):
     assert sentry_events == []
 
 
+def _read_until(proc: subprocess.Popen, text: str, timeout: float = 30.0) -> str:
+    """What the process printed up to the first line holding text."""
+    lines = []
+    with gevent.Timeout(timeout):
+        for line in proc.stdout:
+            lines.append(line)
+            if text in line:
+                return "".join(lines)
+    raise AssertionError(f"the process ended before printing {text!r}: {''.join(lines)}")
+
+
 def test_worker_without_tokens_starts_and_says_which_queues_are_off(db, database_url):
     """The real worker.py and registry: no token is set, so the API queues are
     off and said so once; the rest run. Starting also ends an auth pause."""
@@ -183,14 +194,14 @@ def test_worker_without_tokens_starts_and_says_which_queues_are_off(db, database
         text=True,
     )
     try:
-        deadline = time.monotonic() + 30
-        while paused(db) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        time.sleep(1.0)
+        # The line it logs once every poller is started and its signal handlers are set.
+        started = _read_until(proc, "running 2 queues")
+        assert paused(db) == []
         proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=30)
+        rest, _ = proc.communicate(timeout=30)
     finally:
         proc.kill()
+    out = started + rest
     assert proc.returncode == 0, out
     for queue, var in [
         ("github", "GITHUB_TOKEN"),
