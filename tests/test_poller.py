@@ -9,7 +9,7 @@ import gevent
 import psycopg2
 import pytest
 from gevent.event import Event
-from tests_support import count_jobs
+from tests_support import Gate, count_jobs, wait_for, waiting_on
 
 from lib import status as st
 from lib.args import ArgsError, unmarshal_args
@@ -22,51 +22,6 @@ from lib.sql import Q
 # The advisory lock a test's trigger waits on. Advisory locks belong to one
 # database, and each run of the suite has its own.
 GATE = 7_100_001
-
-
-class Gate:
-    """A lock the test holds on a connection of its own. A trigger that takes
-    it waits until the test opens the gate, so a statement stays in flight for
-    exactly as long as the test needs, with no sleep to guess how long."""
-
-    def __init__(self, database_url: str) -> None:
-        self.database_url = database_url
-        self.closed = True
-
-    def __enter__(self) -> "Gate":
-        self.conn = psycopg2.connect(self.database_url)
-        self.conn.autocommit = True
-        with self.conn.cursor() as cur:
-            cur.execute("SELECT pg_advisory_lock(%s)", (GATE,))
-        self.closed = False
-        return self
-
-    def open(self) -> None:
-        if not self.closed:
-            with self.conn.cursor() as cur:
-                cur.execute("SELECT pg_advisory_unlock(%s)", (GATE,))
-            self.closed = True
-
-    def __exit__(self, *exc) -> None:
-        self.conn.close()  # opens the gate, too
-
-
-def _wait_for(predicate, timeout: float = 10.0):
-    """The first true answer of predicate, polled: for a condition nothing signals."""
-    with gevent.Timeout(timeout):
-        while not (found := predicate()):
-            gevent.sleep(0.01)
-    return found
-
-
-def _waiting_on(db: DB, wait_event: str, app: str | None = None) -> list[int]:
-    """Backends of this run's database (others may share the server) waiting on a lock of this kind."""
-    rows = db.query(
-        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' "
-        "AND wait_event = %s AND (%s::text IS NULL OR application_name = %s)",
-        (wait_event, app, app),
-    )
-    return [pid for (pid,) in rows]
 
 
 def _poll_until(poller: Poller, done, timeout: float = 20) -> None:
@@ -284,14 +239,14 @@ def test_finalize_survives_its_connection_being_killed(database_url, db, caplog)
 
     def kill_during_finalize(gate):
         # Waiting on the gate, the finalize is in flight: its update has begun.
-        pids = _wait_for(lambda: _waiting_on(db, "advisory", "jobs-victim"))
+        pids = wait_for(lambda: waiting_on(db, "advisory", "jobs-victim"))
         killed.extend(db.query("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS pid", (pids,)))
         gate.open()  # the second run may pass
 
     poller = Poller("q", pool, {"q.N": lambda job: st.ok("survived")})
     job_id = insert(db, "q", "q.N")
     try:
-        with Gate(database_url) as gate, caplog.at_level(logging.WARNING, logger="jobs"), gevent.Timeout(20):
+        with Gate(database_url, GATE) as gate, caplog.at_level(logging.WARNING, logger="jobs"), gevent.Timeout(20):
             killer = gevent.spawn(kill_during_finalize, gate)
             assert poller.work_once() == "ok: survived"
             killer.get()
@@ -518,13 +473,13 @@ def test_racing_claimers_keep_fifo(db, database_url):
         a = Poller("q", db, {"q.N": lambda job: "ok"})
         b = Poller("q", db, {"q.N": lambda job: "ok"})
         a.worker_id, b.worker_id = "a", "b"
-        with Gate(database_url) as gate, gevent.Timeout(20):
+        with Gate(database_url, GATE) as gate, gevent.Timeout(20):
             claiming_a = gevent.spawn(a.claim)
             # a waits at the gate inside its update: it holds the head's row lock now.
-            _wait_for(lambda: _waiting_on(db, "advisory"))
+            wait_for(lambda: waiting_on(db, "advisory"))
             claiming_b = gevent.spawn(b.claim)
             # b must queue behind a's lock on the head; a b that took another row is done already.
-            _wait_for(lambda: claiming_b.ready() or _waiting_on(db, "transactionid") or _waiting_on(db, "tuple"))
+            wait_for(lambda: claiming_b.ready() or waiting_on(db, "transactionid") or waiting_on(db, "tuple"))
             gate.open()
             assert claiming_b.get() is None  # b waited for the head, then found the slot taken
             assert claiming_a.get().id == head

@@ -11,7 +11,7 @@ import psycopg2
 import psycopg2.extensions
 import pytest
 from gevent.event import Event
-from tests_support import count_jobs
+from tests_support import Gate, count_jobs, wait_for, waiting_on
 
 from lib import status as st
 from lib.clock import Clock, Scheduled
@@ -23,50 +23,6 @@ from lib.sql import Q
 # The advisory lock a test's trigger waits on. Advisory locks belong to one
 # database, and each run of the suite has its own.
 GATE = 7_200_001
-
-
-class Gate:
-    """A lock the test holds on a connection of its own. A trigger that takes
-    it waits until the test opens the gate, so a statement stays in flight for
-    exactly as long as the test needs, with no sleep to guess how long."""
-
-    def __init__(self, database_url: str) -> None:
-        self.database_url = database_url
-        self.closed = True
-
-    def __enter__(self) -> "Gate":
-        self.conn = psycopg2.connect(self.database_url)
-        self.conn.autocommit = True
-        with self.conn.cursor() as cur:
-            cur.execute("SELECT pg_advisory_lock(%s)", (GATE,))
-        self.closed = False
-        return self
-
-    def open(self) -> None:
-        if not self.closed:
-            with self.conn.cursor() as cur:
-                cur.execute("SELECT pg_advisory_unlock(%s)", (GATE,))
-            self.closed = True
-
-    def __exit__(self, *exc) -> None:
-        self.conn.close()  # opens the gate, too
-
-
-def _wait_for(predicate, timeout: float = 10.0):
-    """The first true answer of predicate, polled: for a condition nothing signals."""
-    with gevent.Timeout(timeout):
-        while not (found := predicate()):
-            gevent.sleep(0.01)
-    return found
-
-
-def _waiting_at_gate(db: DB) -> list[int]:
-    """Backends of this run's database (others may share the server) waiting on an advisory lock."""
-    rows = db.query(
-        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-        "AND wait_event_type = 'Lock' AND wait_event = 'advisory'"
-    )
-    return [pid for (pid,) in rows]
 
 
 def _gone(db: DB, pid: int) -> bool:
@@ -99,10 +55,10 @@ def test_a_poller_killed_during_its_finalize_gives_the_claimed_next_job_back(db,
     ran = []
     poller = Poller("k", db, {"k.N": lambda job: ran.append(job.id) or "ok"}, poll_interval=60)
     try:
-        with Gate(database_url) as gate, gevent.Timeout(20):
+        with Gate(database_url, GATE) as gate, gevent.Timeout(20):
             polling = gevent.spawn(poller.poll, Event())
             # The first job's outcome, sent with the claim of the second, waits at the gate.
-            _wait_for(lambda: _waiting_at_gate(db))
+            wait_for(lambda: waiting_on(db, "advisory"))
             polling.kill(block=False)  # the shutdown window closed
             # A yield, not a wait for time: the kill is a callback queued
             # before this greenlet's own, so it has reached the poller when
@@ -299,7 +255,7 @@ def test_close_with_a_connection_checked_out(database_url, db):
             (idle_pid,) = cur.fetchone()
         pool.close()
         assert idle.closed
-        _wait_for(lambda: _gone(db, idle_pid))
+        wait_for(lambda: _gone(db, idle_pid))
         with held.cursor() as cur:
             cur.execute("SELECT 1")
             assert cur.fetchone() == (1,)

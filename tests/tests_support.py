@@ -6,6 +6,8 @@ import sys
 import time
 from pathlib import Path
 
+import psycopg2
+
 from lib.db import DB
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,9 +42,51 @@ def start_worker(database_url: str, *args: str) -> subprocess.Popen:
     )
 
 
-def wait_for(predicate, timeout: float = 30.0) -> None:
+def wait_for(predicate, timeout: float = 30.0, every: float = 0.05):
+    """The first true answer of predicate, polled: for a condition nothing signals."""
     deadline = time.monotonic() + timeout
-    while not predicate():
+    while not (found := predicate()):
         if time.monotonic() > deadline:
             raise AssertionError("timed out waiting")
-        time.sleep(0.05)
+        time.sleep(every)
+    return found
+
+
+class Gate:
+    """A lock (an advisory lock, key) the test holds on a connection of its
+    own. A trigger that takes it waits until the test opens the gate, so a
+    statement stays in flight for exactly as long as the test needs, with no
+    sleep to guess how long. Advisory locks belong to one database, and each
+    run of the suite has its own."""
+
+    def __init__(self, database_url: str, key: int) -> None:
+        self.database_url = database_url
+        self.key = key
+        self.closed = True
+
+    def __enter__(self) -> "Gate":
+        self.conn = psycopg2.connect(self.database_url)
+        self.conn.autocommit = True
+        with self.conn.cursor() as cur:
+            cur.execute("SELECT pg_advisory_lock(%s)", (self.key,))
+        self.closed = False
+        return self
+
+    def open(self) -> None:
+        if not self.closed:
+            with self.conn.cursor() as cur:
+                cur.execute("SELECT pg_advisory_unlock(%s)", (self.key,))
+            self.closed = True
+
+    def __exit__(self, *exc) -> None:
+        self.conn.close()  # opens the gate, too
+
+
+def waiting_on(db: DB, wait_event: str, app: str | None = None) -> list[int]:
+    """Backends of this run's database (others may share the server) waiting on a lock of this kind."""
+    rows = db.query(
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' "
+        "AND wait_event = %s AND (%s::text IS NULL OR application_name = %s)",
+        (wait_event, app, app),
+    )
+    return [pid for (pid,) in rows]
