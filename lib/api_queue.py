@@ -38,7 +38,8 @@ def make_api_worker(
     now: Callable[[], datetime] = lambda: datetime.now(UTC),
     **options: Any,
 ) -> Poller:
-    """The queue's Poller; off (with the reason) when its token is not set."""
+    """The queue's Poller; off (with the reason) when its token is not set or
+    cannot be sent (the client refuses it when built: see NotConfigured)."""
     off = None
     if client is None:
         try:

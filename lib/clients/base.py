@@ -28,10 +28,11 @@ from typing import Any, ClassVar
 
 import requests
 
+from lib.redact import carries, scrub
+
 log = logging.getLogger(__name__)
 
 MESSAGE_LIMIT = 200
-REDACTED = "[redacted]"
 
 
 def utc_now() -> datetime:
@@ -39,7 +40,8 @@ def utc_now() -> datetime:
 
 
 class NotConfigured(Exception):
-    """The credential for a client is missing; the message names the env var."""
+    """The credential for a client is missing or unusable; the message names
+    the env var, never the credential."""
 
 
 class APIError(Exception):
@@ -122,6 +124,37 @@ def parse_rfc3339(value: str | None) -> datetime | None:
     return moment.astimezone(UTC)
 
 
+def _checked_token(token: str, name: str) -> str:
+    """token, when every character of it can go in an HTTP header as is.
+
+    A token pasted with a line break (or any whitespace or control character)
+    makes requests refuse every request with an error that quotes the header,
+    token included; refused here, its queue is off from the start with a
+    reason that names the variable and the character, never the token.
+    Non-ASCII is refused too: no API here issues it, and http.client cannot
+    send most of it.
+    """
+    for char in token:
+        if not "!" <= char <= "~":
+            raise NotConfigured(
+                f"{name} holds U+{ord(char):04X}, a whitespace, control or non-ASCII character "
+                "no token has (pasted with a line break?)"
+            )
+    return token
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """exc and every exception it chains, as a traceback or Sentry shows them."""
+    seen: list[BaseException] = []
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        current = todo.pop()
+        if current is not None and all(current is not e for e in seen):
+            seen.append(current)
+            todo += [current.__cause__, current.__context__]
+    return seen
+
+
 def extract_message(body: Any, text: str) -> str:
     """The API's own error message if the body carries one, else a body excerpt.
 
@@ -167,7 +200,7 @@ class APIClient:
         token = (token or os.environ.get(self.TOKEN_ENV, "")).strip()
         if not token:
             raise NotConfigured(f"{self.TOKEN_ENV} is not set")
-        self._token = token
+        self._token = _checked_token(token, self.TOKEN_ENV)
         base = base_url or os.environ.get(self.BASE_URL_ENV, "").strip() or self.BASE_URL
         self.base_url = base.rstrip("/")
         self.timeout = timeout
@@ -218,7 +251,7 @@ class APIClient:
     def _message(self, body: Any, response: requests.Response) -> str:
         # An API could echo the credential back (e.g. "invalid key sk-..."):
         # scrub it so it cannot reach logs through str(error).
-        return extract_message(body, response.text).replace(self._token, REDACTED)
+        return scrub(extract_message(body, response.text), [self._token])
 
     def _request(
         self,
@@ -231,7 +264,54 @@ class APIClient:
         """Send one request and return the decoded JSON body, or raise APIError.
 
         ``path`` is appended to the base URL; query values belong in ``params``.
+        No exception leaves here with the token in its text: what the caller
+        raises becomes a job's status, a log line and a Sentry event.
         """
+        try:
+            return self._send(method, path, json=json, params=params)
+        except Exception as exc:
+            clean = self._scrubbed(exc)
+            if clean is exc:
+                raise
+        # Raised outside the except block, so the original (token and all)
+        # is not attached as its __context__.
+        raise clean
+
+    def _scrubbed(self, exc: Exception) -> Exception:
+        """exc itself when neither it nor what it chains shows the token, else
+        an exception of the same kind whose text has the token redacted and
+        that chains nothing."""
+        chain = _chain(exc)
+        if not any(carries(text, [self._token]) for e in chain for text in (str(e), repr(e))):
+            return exc
+        if isinstance(exc, APIError):
+            # Ours: every part of its text can be cleaned in place.
+            exc.message = scrub(exc.message, [self._token])
+            exc.path = scrub(exc.path, [self._token])
+            exc.args = (f"{exc.method} {exc.path} -> {exc.status}: {exc.message}",)
+            exc.__cause__ = exc.__context__ = None
+            exc.__suppress_context__ = True
+            return exc
+        text = scrub(str(exc), [self._token])
+        try:
+            clean = type(exc)(text)
+        except Exception:
+            clean = None
+        if clean is None or carries(str(clean), [self._token]):
+            # A kind that cannot be built from its message alone: say it was
+            # a request failure, which every caller already handles.
+            clean = requests.RequestException(f"{type(exc).__name__}: {text}")
+        clean.__suppress_context__ = True
+        return clean
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any,
+        params: Mapping[str, str] | None,
+    ) -> Any:
         url = self.base_url + path
         # Errors and logs name the path only: a query string may carry data
         # that has no business in logs.

@@ -169,11 +169,8 @@ def test_anthropic_overloaded_sends_the_job_back(db, fake_api, sentry_events):
     assert sentry_events == []
 
 
-def test_worker_without_tokens_starts_and_says_which_queues_are_off(db, database_url):
-    """The real worker.py and registry: no token is set, so the API queues are
-    off and said so once; the rest run. Starting also ends an auth pause."""
-    pause(db, "caches", AUTH_PREFIX + "left over")
-    env = {k: v for k, v in os.environ.items() if not k.endswith(("_TOKEN", "_API_KEY"))}
+def _run_worker(database_url, env, until=lambda: True):
+    """The real worker.py with env, stopped by SIGTERM once until() holds: its output."""
     proc = subprocess.Popen(
         [sys.executable, "worker.py"],
         cwd=ROOT,
@@ -184,7 +181,7 @@ def test_worker_without_tokens_starts_and_says_which_queues_are_off(db, database
     )
     try:
         deadline = time.monotonic() + 30
-        while paused(db) and time.monotonic() < deadline:
+        while not until() and time.monotonic() < deadline:
             time.sleep(0.1)
         time.sleep(1.0)
         proc.send_signal(signal.SIGTERM)
@@ -192,6 +189,18 @@ def test_worker_without_tokens_starts_and_says_which_queues_are_off(db, database
     finally:
         proc.kill()
     assert proc.returncode == 0, out
+    return out
+
+
+def _without_tokens():
+    return {k: v for k, v in os.environ.items() if not k.endswith(("_TOKEN", "_API_KEY"))}
+
+
+def test_worker_without_tokens_starts_and_says_which_queues_are_off(db, database_url):
+    """The real worker.py and registry: no token is set, so the API queues are
+    off and said so once; the rest run. Starting also ends an auth pause."""
+    pause(db, "caches", AUTH_PREFIX + "left over")
+    out = _run_worker(database_url, _without_tokens(), until=lambda: not paused(db))
     for queue, var in [
         ("github", "GITHUB_TOKEN"),
         ("slack", "SLACK_BOT_TOKEN"),
@@ -202,3 +211,34 @@ def test_worker_without_tokens_starts_and_says_which_queues_are_off(db, database
     assert "running 2 queues: caches, maintenance" in out
     assert "Traceback" not in out
     assert paused(db) == []
+
+
+BAD_TOKEN = "sekret-TOKEN\n1234"  # pasted with a line break
+
+
+@pytest.mark.parametrize(
+    ("module", "var"),
+    [
+        (github, "GITHUB_TOKEN"),
+        (slack, "SLACK_BOT_TOKEN"),
+        (anthropic, "ANTHROPIC_API_KEY"),
+        (apollo, "APOLLO_API_KEY"),
+    ],
+)
+def test_a_token_with_a_line_break_turns_its_queue_off(db, monkeypatch, module, var):
+    """Not sent with every job to fail each one with the token in its text:
+    the queue is off from the start, and the reason names the variable only."""
+    monkeypatch.setenv(var, BAD_TOKEN)
+    poller = module.make_worker(db)
+    assert poller.off is not None
+    assert poller.off.startswith(f"{var} holds U+000A")
+    assert "sekret" not in poller.off and "1234" not in poller.off
+
+
+def test_worker_says_once_that_a_bad_token_turned_its_queue_off(db, database_url):
+    insert(db, "github", "github.FetchRepo", {"owner": "octo", "repo": "hello"})
+    out = _run_worker(database_url, {**_without_tokens(), "GITHUB_TOKEN": BAD_TOKEN})
+    assert out.count("queue=github is off: GITHUB_TOKEN holds U+000A") == 1, out
+    assert "sekret" not in out and "1234" not in out, out
+    # The job waits for a fixed token; it was never tried with this one.
+    assert db.query("SELECT status, last_error FROM jobs") == [("pending", None)]

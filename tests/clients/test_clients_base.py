@@ -294,3 +294,80 @@ def test_rate_limit_error_is_an_api_error() -> None:
     # Callers catching APIError must also catch the more specific kinds.
     for kind in (AuthError, RateLimitError, ServerError, NotFoundError):
         assert issubclass(kind, APIError)
+
+
+# --- tokens checked at start --------------------------------------------------
+
+# Recognisable pieces of the bad tokens below: none may appear in a reason or
+# an error ("TOKEN" alone would match the variable's name).
+BAD_TOKEN_PIECES = ("sekret", "1234")
+
+
+@pytest.mark.parametrize("cls", [c for c, _, _ in CALLS], ids=IDS)
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "sekret-TOKEN\n1234",
+        "sekret-TOKEN\r\n1234",
+        "sekret TOKEN-1234",
+        "sekret\tTOKEN-1234",
+        "sekret\x00TOKEN-1234",
+        "sekret\x7fTOKEN-1234",
+        "sekret\u2028TOKEN-1234",
+        "sekret\u00a0TOKEN-1234",
+    ],
+    ids=["newline", "crlf", "space", "tab", "nul", "del", "line-separator", "nbsp"],
+)
+def test_token_with_whitespace_or_control_character_is_refused(
+    cls: type[Any], bad: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if "\x00" not in bad:  # the environment cannot hold a NUL; an argument can
+        monkeypatch.setenv(cls.TOKEN_ENV, bad)
+        with pytest.raises(NotConfigured) as info:
+            cls()
+        reason = str(info.value)
+        assert cls.TOKEN_ENV in reason
+        assert not any(piece in reason for piece in BAD_TOKEN_PIECES), reason
+    with pytest.raises(NotConfigured) as info:
+        cls(bad)
+    assert not any(piece in str(info.value) for piece in BAD_TOKEN_PIECES)
+
+
+@pytest.mark.parametrize(("cls", "call", "path"), CALLS, ids=IDS)
+def test_client_scrubs_its_token_from_request_errors(
+    cls: type[Any], call: Callable[[Any], Any], path: str, make_client: Callable[..., Any]
+) -> None:
+    """Defence in depth: were a bad token to get past the check, requests'
+    InvalidHeader quotes the header value (token included) in its text."""
+    client = make_client(cls)
+    client._token = "sekret-TOKEN\n1234"
+    with pytest.raises(requests.RequestException) as info:
+        call(client)
+    texts = []
+    exc: BaseException | None = info.value
+    while exc is not None:
+        texts += [str(exc), repr(exc)]
+        exc = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+    assert "[redacted]" in texts[0]
+    assert not any(piece in text for piece in BAD_TOKEN_PIECES for text in texts), texts
+
+
+class _Leaky(requests.adapters.HTTPAdapter):
+    """A transport whose error quotes the request's headers (a proxy's error page, a debug wrapper)."""
+
+    def send(self, request: requests.PreparedRequest, *args: Any, **kwargs: Any) -> requests.Response:
+        inner = ValueError(f"send failed with headers {dict(request.headers)}")
+        raise requests.ConnectionError(f"connection failed: {inner}") from inner
+
+
+@pytest.mark.parametrize(("cls", "call", "path"), CALLS, ids=IDS)
+def test_client_scrubs_its_token_from_a_chained_transport_error(
+    cls: type[Any], call: Callable[[Any], Any], path: str, make_client: Callable[..., Any], token: str
+) -> None:
+    session = requests.Session()
+    session.mount("http://", _Leaky())
+    with pytest.raises(requests.ConnectionError) as info:
+        call(make_client(cls, session=session))
+    assert "[redacted]" in str(info.value)
+    assert token not in str(info.value)
+    assert info.value.__cause__ is None and info.value.__suppress_context__
