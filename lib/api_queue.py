@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from lib import status
-from lib.clients.base import APIClient, AuthError, NotConfigured, OverloadedError, RateLimitError
+from lib.clients.base import APIClient, AuthError, InvalidArgument, NotConfigured, OverloadedError, RateLimitError
 from lib.db import DB
 from lib.errors import capture
 from lib.poller import Handler, PendingJob, Poller, Snooze
@@ -54,6 +54,11 @@ def _guard(queue: str, db: DB, client: Any, handler: ApiHandler, now: Callable[[
     def run(job: PendingJob) -> str:
         try:
             return handler(db, client, job)
+        except InvalidArgument as exc:
+            # The job's args cannot make a safe request (a '..' for a GitHub
+            # owner, say): nothing was sent, and a retry sends nothing either.
+            # The input is at fault, not the worker: a fail, not reported.
+            return status.fail(str(exc))
         except (RateLimitError, OverloadedError) as exc:
             wait = (exc.reset_at - now()).total_seconds() if exc.reset_at else DEFAULT_RESET
             raise Snooze(wait, status.rate_limited(wait, str(exc))) from exc

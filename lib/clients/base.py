@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
 from typing import Any, ClassVar
+from urllib.parse import unquote
 
 import requests
 
@@ -42,6 +43,12 @@ def utc_now() -> datetime:
 class NotConfigured(Exception):
     """The credential for a client is missing or unusable; the message names
     the env var, never the credential."""
+
+
+class InvalidArgument(ValueError):
+    """A value the client will not put in a request (a GitHub login with a
+    slash, a path with a '..' segment); nothing was sent. The job's input is
+    at fault, not the worker or the API."""
 
 
 class APIError(Exception):
@@ -141,6 +148,23 @@ def _checked_token(token: str, name: str) -> str:
                 "no token has (pasted with a line break?)"
             )
     return token
+
+
+def check_path(path: str) -> None:
+    """Refuse a path the server (or urllib3 before it) would resolve into
+    another one: a '.' or '..' segment, spelled out or percent-encoded, an
+    empty segment, or a segment that decodes to a slash or backslash.
+
+    Each client quotes what it puts in a path, but quoting keeps '..', and
+    /repos/../user is sent as GET /user, with the token.
+    """
+    route = path.split("?", 1)[0]
+    if not route.startswith("/"):
+        raise InvalidArgument(f"path {route!r:.100} does not start with /")
+    for segment in route[1:].split("/"):
+        name = unquote(segment)
+        if name in ("", ".", "..") or "/" in name or "\\" in name:
+            raise InvalidArgument(f"path {route!r:.100} has an empty, '.', '..' or slashed segment")
 
 
 def _chain(exc: BaseException) -> list[BaseException]:
@@ -312,6 +336,7 @@ class APIClient:
         json: Any,
         params: Mapping[str, str] | None,
     ) -> Any:
+        check_path(path)
         url = self.base_url + path
         # Errors and logs name the path only: a query string may carry data
         # that has no business in logs.

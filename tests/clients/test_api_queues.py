@@ -242,3 +242,20 @@ def test_worker_says_once_that_a_bad_token_turned_its_queue_off(db, database_url
     assert "sekret" not in out and "1234" not in out, out
     # The job waits for a fixed token; it was never tried with this one.
     assert db.query("SELECT status, last_error FROM jobs") == [("pending", None)]
+
+
+@pytest.mark.parametrize("args", [{"owner": "..", "repo": "user"}, {"owner": "octo", "repo": ".."}])
+def test_a_path_traversal_in_args_fails_the_job_unsent(db, fake_api, sentry_events, args):
+    """('..', 'user') was sent as GET /user with the token, and the token
+    owner's profile was stored as a repository. Bad input, not a fault: the
+    job fails with the reason, nothing is sent, nothing reported."""
+    client = GitHubClient(TOKEN, base_url=fake_api.url, now=lambda: NOW)
+    fake_api.reply(200, {"login": "token-owner", "email": "owner@example.com"})  # what GET /user answers
+    job_id = insert(db, "github", "github.FetchRepo", args)
+    result = github.make_worker(db, client).work_once()
+    assert result.startswith("fail: "), result
+    assert "not a GitHub" in result
+    assert fake_api.received == []
+    assert db.query("SELECT count(*) FROM github_repos") == [(0,)]
+    assert db.query("SELECT status FROM jobs WHERE id = %s", (job_id,)) == [(result,)]
+    assert sentry_events == []

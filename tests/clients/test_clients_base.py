@@ -371,3 +371,28 @@ def test_client_scrubs_its_token_from_a_chained_transport_error(
     assert "[redacted]" in str(info.value)
     assert token not in str(info.value)
     assert info.value.__cause__ is None and info.value.__suppress_context__
+
+
+# --- paths --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cls", [c for c, _, _ in CALLS], ids=IDS)
+@pytest.mark.parametrize(
+    "path",
+    ["/a/../b", "/a/./b", "/..", "/a/%2e%2e/b", "/a/%2E/b", "//a", "/a//b", "/a/", "a/b", "/a/b%2Fc", "/a/b%5cc"],
+)
+def test_a_path_with_a_dot_or_empty_segment_is_refused_unsent(
+    cls: type[Any], path: str, fake_api: Any, make_client: Callable[..., Any]
+) -> None:
+    """Any segment the server or urllib3 would resolve or collapse is refused,
+    whatever built the path."""
+    with pytest.raises(ValueError, match="path") as info:
+        make_client(cls)._request("GET", path)
+    assert type(info.value).__name__ == "InvalidArgument"
+    assert fake_api.received == []
+
+
+def test_a_query_string_is_not_a_path(fake_api: Any, make_client: Callable[..., Any]) -> None:
+    fake_api.reply(200, {"ok": True})
+    make_client(GitHubClient)._request("GET", "/search?q=a/../b")
+    assert fake_api.last.target == "/search?q=a/../b"
