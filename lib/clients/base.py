@@ -34,6 +34,7 @@ from lib.redact import carries, scrub
 log = logging.getLogger(__name__)
 
 MESSAGE_LIMIT = 200
+MiB = 1024 * 1024
 
 
 def utc_now() -> datetime:
@@ -150,6 +151,10 @@ def _checked_token(token: str, name: str) -> str:
     return token
 
 
+def _size(n: int) -> str:
+    return f"{n // MiB} MiB" if n % MiB == 0 else f"{n} bytes"
+
+
 def check_path(path: str) -> None:
     """Refuse a path the server (or urllib3 before it) would resolve into
     another one: a '.' or '..' segment, spelled out or percent-encoded, an
@@ -211,6 +216,9 @@ class APIClient:
     # host, so a key sent in a custom header (x-api-key) would follow a
     # redirect anywhere. Clients opt in only when their auth is Authorization.
     FOLLOW_REDIRECTS: ClassVar[bool] = False
+    # No answer these APIs give is near this; a larger one is a fault (or an
+    # attack) that must not take the worker's memory. Counted decompressed.
+    MAX_RESPONSE_BYTES: ClassVar[int] = 10 * MiB
 
     def __init__(
         self,
@@ -328,6 +336,25 @@ class APIClient:
         clean.__suppress_context__ = True
         return clean
 
+    def _read_body(self, response: requests.Response, method: str, path: str) -> None:
+        """Read the body into response.content, refusing one over the cap
+        before it is all in memory."""
+        cap = self.MAX_RESPONSE_BYTES
+        too_large = APIError(response.status_code, method, path, f"response body larger than {_size(cap)}")
+        declared = response.headers.get("content-length", "").strip()
+        # Said up front only when not compressed: the cap counts what decompresses.
+        if declared.isdigit() and int(declared) > cap and not response.headers.get("content-encoding"):
+            raise too_large
+        chunks, size = [], 0
+        for chunk in response.iter_content(64 * 1024):
+            size += len(chunk)
+            if size > cap:
+                raise too_large
+            chunks.append(chunk)
+        # Where requests keeps a body it read itself, so .content, .text and
+        # .json() work as usual for _classify and _on_response.
+        response._content = b"".join(chunks)
+
     def _send(
         self,
         method: str,
@@ -349,7 +376,10 @@ class APIClient:
             headers=self._headers(),
             timeout=self.timeout,
             allow_redirects=self.FOLLOW_REDIRECTS,
+            stream=True,  # read by _read_body, which stops at the cap
         )
+        with response:
+            self._read_body(response, method, path)
         log.debug("%s %s -> %s", method, path, response.status_code)
         self._on_response(response)
         try:

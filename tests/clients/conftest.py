@@ -32,6 +32,8 @@ class Canned:
     body: Any = None  # dict/list -> JSON; str/bytes sent as-is
     headers: dict[str, str] = field(default_factory=dict)
     delay: float = 0.0
+    # False: no Content-Length; the body ends when the connection closes.
+    length: bool = True
 
 
 @dataclass
@@ -65,8 +67,9 @@ class FakeAPI:
         body: Any = None,
         headers: dict[str, str] | None = None,
         delay: float = 0.0,
+        length: bool = True,
     ) -> None:
-        self.canned.append(Canned(status, body, headers or {}, delay))
+        self.canned.append(Canned(status, body, headers or {}, delay, length))
 
     @property
     def last(self) -> Received:
@@ -104,7 +107,8 @@ class _Handler(BaseHTTPRequestHandler):
         headers = {"Content-Type": "application/json", **canned.headers}
         for name, value in headers.items():
             self.send_header(name, value)
-        self.send_header("Content-Length", str(len(payload)))
+        if canned.length:
+            self.send_header("Content-Length", str(len(payload)))
         self.end_headers()
         self.wfile.write(payload)
 

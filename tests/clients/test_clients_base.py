@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gzip
+import json
 import socket
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -396,3 +398,41 @@ def test_a_query_string_is_not_a_path(fake_api: Any, make_client: Callable[..., 
     fake_api.reply(200, {"ok": True})
     make_client(GitHubClient)._request("GET", "/search?q=a/../b")
     assert fake_api.last.target == "/search?q=a/../b"
+
+
+# --- response size -------------------------------------------------------------
+
+MiB = 1024 * 1024
+
+
+def _padded(size: int) -> bytes:
+    """A JSON success body (for every client) of exactly size bytes."""
+    head, tail = b'{"ok": true, "pad": "', b'"}'
+    return head + b"x" * (size - len(head) - len(tail)) + tail
+
+
+@pytest.mark.parametrize(("cls", "call", "path"), CALLS, ids=IDS)
+@pytest.mark.parametrize("length", [True, False], ids=["content-length", "until-close"])
+def test_a_response_over_the_cap_is_refused(
+    cls: type[Any], call: Callable[[Any], Any], path: str, length: bool, fake_api: Any, make_client: Callable[..., Any]
+) -> None:
+    """Read whole before, whatever its size: a runaway or hostile answer could
+    take the worker's memory."""
+    fake_api.reply(200, _padded(10 * MiB + 1), length=length)
+    with pytest.raises(APIError, match="larger than 10 MiB") as info:
+        call(make_client(cls))
+    assert info.value.status == 200
+
+
+def test_a_compressed_response_is_capped_as_decompressed(fake_api: Any, make_client: Callable[..., Any]) -> None:
+    bomb = gzip.compress(_padded(11 * MiB))
+    assert len(bomb) < MiB
+    fake_api.reply(200, bomb, {"Content-Encoding": "gzip"})
+    with pytest.raises(APIError, match="larger than 10 MiB"):
+        make_client(SlackClient).post_message("C1", "hi")
+
+
+@pytest.mark.parametrize("length", [True, False], ids=["content-length", "until-close"])
+def test_a_response_at_the_cap_is_read(length: bool, fake_api: Any, make_client: Callable[..., Any]) -> None:
+    fake_api.reply(200, _padded(10 * MiB), length=length)
+    assert len(json.dumps(make_client(SlackClient).post_message("C1", "hi"))) == 10 * MiB
