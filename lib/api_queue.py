@@ -11,7 +11,15 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from lib import status
-from lib.clients.base import APIClient, AuthError, InvalidArgument, NotConfigured, OverloadedError, RateLimitError
+from lib.clients.base import (
+    MAX_WAIT,
+    APIClient,
+    AuthError,
+    InvalidArgument,
+    NotConfigured,
+    OverloadedError,
+    RateLimitError,
+)
 from lib.db import DB
 from lib.errors import capture
 from lib.poller import Handler, PendingJob, Poller, Snooze
@@ -61,6 +69,9 @@ def _guard(queue: str, db: DB, client: Any, handler: ApiHandler, now: Callable[[
             return status.fail(str(exc))
         except (RateLimitError, OverloadedError) as exc:
             wait = (exc.reset_at - now()).total_seconds() if exc.reset_at else DEFAULT_RESET
+            # The clients bound reset_at by their own clock; bound the wait
+            # by ours too, so no client can park a job (and its queue) for long.
+            wait = min(max(wait, 0.0), MAX_WAIT.total_seconds())
             raise Snooze(wait, status.rate_limited(wait, str(exc))) from exc
         except AuthError as exc:
             until = now() + AUTH_PAUSE

@@ -20,6 +20,7 @@ module, ``requests`` yields to the hub on I/O by itself.
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
@@ -35,6 +36,10 @@ log = logging.getLogger(__name__)
 
 MESSAGE_LIMIT = 200
 MiB = 1024 * 1024
+# The longest an API may send us away for. A job snoozed for a century (or a
+# Retry-After of inf) is a bug on either side; a day bounds it, and the job
+# comes back to ask again.
+MAX_WAIT = timedelta(days=1)
 
 
 def utc_now() -> datetime:
@@ -89,8 +94,14 @@ class OverloadedError(ServerError):
     """
 
 
+def clamp_reset(moment: datetime, now: datetime) -> datetime:
+    """moment, but not before now and not more than MAX_WAIT after it."""
+    return min(max(moment, now), now + MAX_WAIT)
+
+
 def parse_retry_after(value: str | None, now: datetime) -> datetime | None:
-    """Absolute UTC moment from a Retry-After value (delta-seconds or HTTP-date)."""
+    """Absolute UTC moment from a Retry-After value (delta-seconds or
+    HTTP-date), within [now, now + MAX_WAIT]; None when unusable (nan too)."""
     if not value:
         return None
     value = value.strip()
@@ -99,14 +110,17 @@ def parse_retry_after(value: str | None, now: datetime) -> datetime | None:
     except ValueError:
         pass
     else:
-        return now + timedelta(seconds=max(seconds, 0.0))
+        if math.isnan(seconds):
+            return None
+        # Clamped before timedelta sees it: inf and 1e12 overflow it.
+        return now + timedelta(seconds=min(max(seconds, 0.0), MAX_WAIT.total_seconds()))
     try:
         moment = parsedate_to_datetime(value)
     except (TypeError, ValueError):
         return None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
-    return moment.astimezone(UTC)
+    return clamp_reset(moment.astimezone(UTC), now)
 
 
 def parse_epoch(value: str | None) -> datetime | None:
@@ -388,6 +402,9 @@ class APIClient:
             body = None
         error = self._classify(response, body, method, path)
         if error is not None:
+            if error.reset_at is not None:
+                # Whichever header it came from (epoch, RFC 3339, a window).
+                error.reset_at = clamp_reset(error.reset_at, self._now())
             raise error
         if body is None:
             raise APIError(

@@ -259,3 +259,16 @@ def test_a_path_traversal_in_args_fails_the_job_unsent(db, fake_api, sentry_even
     assert db.query("SELECT count(*) FROM github_repos") == [(0,)]
     assert db.query("SELECT status FROM jobs WHERE id = %s", (job_id,)) == [(result,)]
     assert sentry_events == []
+
+
+@pytest.mark.parametrize("retry_after", ["inf", "1e12", "3153600000"])
+def test_a_huge_retry_after_snoozes_the_job_for_a_day_at_most(db, fake_api, sentry_events, retry_after):
+    """inf and 1e12 made the job end err: (an overflow); a century was obeyed."""
+    fake_api.reply(429, {"error": "rate limited"}, {"retry-after": retry_after})
+    job_id = insert(db, "apollo", "apollo.EnrichOrganization", {"domain": "apollo.io"})
+    result = _apollo(db, fake_api).work_once(stop=STOPPED)
+    assert result.startswith("skip: rate limited, resets in 86400s"), result
+    assert sentry_events == []
+    (state, wait) = db.query_row("SELECT status, extract(EPOCH FROM run_at - now()) FROM jobs WHERE id = %s", (job_id,))
+    assert state == "pending"
+    assert 86000 < wait <= 86400

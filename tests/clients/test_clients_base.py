@@ -68,6 +68,32 @@ def test_retry_after_unusable_is_none(value: str | None, now: datetime) -> None:
     assert parse_retry_after(value, now) is None
 
 
+@pytest.mark.parametrize(
+    ("value", "wait"),
+    [
+        ("inf", timedelta(days=1)),
+        ("Infinity", timedelta(days=1)),
+        ("1e12", timedelta(days=1)),
+        ("3153600000", timedelta(days=1)),  # a century
+        ("86401", timedelta(days=1)),
+        ("86400", timedelta(days=1)),
+        ("-inf", timedelta(0)),
+        ("-30", timedelta(0)),
+        ("Fri, 31 Dec 9999 23:59:59 GMT", timedelta(days=1)),
+        ("Tue, 01 Jan 2030 00:00:00 GMT", timedelta(0)),  # already past
+    ],
+)
+def test_retry_after_is_clamped_to_a_day(value: str, wait: timedelta, now: datetime) -> None:
+    """inf and 1e12 raised (the job ended err: instead of waiting); a large
+    finite value held a job for decades."""
+    assert parse_retry_after(value, now) == now + wait
+
+
+@pytest.mark.parametrize("value", ["nan", "NaN", "-nan"])
+def test_retry_after_nan_is_unusable(value: str, now: datetime) -> None:
+    assert parse_retry_after(value, now) is None
+
+
 def test_epoch_and_rfc3339_parse_to_aware_utc() -> None:
     assert parse_epoch("1893553200") == datetime(2030, 1, 2, 3, 0, tzinfo=UTC)
     assert parse_epoch("x") is None

@@ -15,8 +15,8 @@ from lib.clients import (
     ServerError,
 )
 
-RESET_EPOCH = "1893553200"  # 2030-01-02T03:00:00Z
-RESET_AT = datetime(2030, 1, 2, 3, 0, tzinfo=UTC)
+RESET_EPOCH = "1893553800"  # 2030-01-02T03:10:00Z, after the tests' NOW
+RESET_AT = datetime(2030, 1, 2, 3, 10, tzinfo=UTC)
 
 
 @pytest.fixture
@@ -176,3 +176,19 @@ def test_5xx_is_server_error(github: GitHubClient, fake_api: Any, status: int) -
     with pytest.raises(ServerError) as info:
         github.get_user("octocat")
     assert info.value.status == status
+
+
+@pytest.mark.parametrize(
+    ("epoch", "wait"),
+    [("99999999999", timedelta(days=1)), ("1893553000", timedelta(0)), ("1e300", timedelta(minutes=1))],
+    ids=["year-5138", "past", "no-date-so-the-default"],
+)
+def test_reset_epoch_is_clamped_to_a_day(
+    github: GitHubClient, fake_api: Any, now: datetime, epoch: str, wait: timedelta
+) -> None:
+    fake_api.reply(
+        403, {"message": "API rate limit exceeded"}, {"x-ratelimit-remaining": "0", "x-ratelimit-reset": epoch}
+    )
+    with pytest.raises(RateLimitError) as info:
+        github.get_user("octocat")
+    assert info.value.reset_at == now + wait
