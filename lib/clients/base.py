@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
 from typing import Any, ClassVar
-from urllib.parse import unquote
+from urllib.parse import unquote, urljoin, urlsplit
 
 import requests
 
@@ -40,6 +40,8 @@ MiB = 1024 * 1024
 # Retry-After of inf) is a bug on either side; a day bounds it, and the job
 # comes back to ask again.
 MAX_WAIT = timedelta(days=1)
+# Redirects a client that follows them takes, one after another.
+MAX_REDIRECTS = 5
 
 
 def utc_now() -> datetime:
@@ -165,6 +167,12 @@ def _checked_token(token: str, name: str) -> str:
     return token
 
 
+def _origin(url: str) -> tuple[str, str | None, int | None]:
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    return scheme, parts.hostname, parts.port or {"http": 80, "https": 443}.get(scheme)
+
+
 def _size(n: int) -> str:
     return f"{n // MiB} MiB" if n % MiB == 0 else f"{n} bytes"
 
@@ -228,7 +236,10 @@ class APIClient:
     USER_AGENT: ClassVar[str] = "jobs-worker"
     # requests only strips the Authorization header when a redirect leaves the
     # host, so a key sent in a custom header (x-api-key) would follow a
-    # redirect anywhere. Clients opt in only when their auth is Authorization.
+    # redirect anywhere, and even without a key, the other host's answer would
+    # be taken for the API's. So requests never follows one; a client that
+    # opts in follows GET redirects within the API's own origin (_next_url),
+    # and any other redirect is an error.
     FOLLOW_REDIRECTS: ClassVar[bool] = False
     # No answer these APIs give is near this; a larger one is a fault (or an
     # attack) that must not take the worker's memory. Counted decompressed.
@@ -283,6 +294,8 @@ class APIClient:
         if 200 <= status < 300:
             return None
         message = self._message(body, response)
+        if 300 <= status < 400:
+            return APIError(status, method, path, f"redirect not followed: {message}")
         if status == 401:
             return AuthError(status, method, path, message)
         if status == 404:
@@ -369,6 +382,17 @@ class APIClient:
         # .json() work as usual for _classify and _on_response.
         response._content = b"".join(chunks)
 
+    def _next_url(self, response: requests.Response, method: str, path: str) -> str | None:
+        """Where to follow this response to; None when it is not a redirect
+        this client follows (_classify then makes it an error)."""
+        if not (self.FOLLOW_REDIRECTS and response.is_redirect and method in ("GET", "HEAD")):
+            return None
+        target = urljoin(response.url, self.session.get_redirect_target(response))
+        if _origin(target) != _origin(self.base_url):
+            host = urlsplit(target).hostname or "?"
+            raise APIError(response.status_code, method, path, f"redirect to another host ({host}) refused")
+        return target
+
     def _send(
         self,
         method: str,
@@ -382,18 +406,25 @@ class APIClient:
         # Errors and logs name the path only: a query string may carry data
         # that has no business in logs.
         path = path.split("?", 1)[0]
-        response = self.session.request(
-            method,
-            url,
-            json=json,
-            params=params,
-            headers=self._headers(),
-            timeout=self.timeout,
-            allow_redirects=self.FOLLOW_REDIRECTS,
-            stream=True,  # read by _read_body, which stops at the cap
-        )
-        with response:
-            self._read_body(response, method, path)
+        for _ in range(MAX_REDIRECTS + 1):
+            response = self.session.request(
+                method,
+                url,
+                json=json,
+                params=params,
+                headers=self._headers(),
+                timeout=self.timeout,
+                allow_redirects=False,  # see FOLLOW_REDIRECTS
+                stream=True,  # read by _read_body, which stops at the cap
+            )
+            with response:
+                self._read_body(response, method, path)
+            next_url = self._next_url(response, method, path)
+            if next_url is None:
+                break
+            url, params = next_url, None  # the Location carries its own query
+        else:
+            raise APIError(response.status_code, method, path, f"more than {MAX_REDIRECTS} redirects")
         log.debug("%s %s -> %s", method, path, response.status_code)
         self._on_response(response)
         try:

@@ -58,8 +58,8 @@ class GitHubClient(APIClient):
     BASE_URL = "https://api.github.com"
     BASE_URL_ENV = "GITHUB_BASE_URL"
     API_VERSION: ClassVar[str] = "2022-11-28"
-    # GitHub redirects renamed repositories; requests drops Authorization if
-    # the redirect leaves the host, so following is safe here.
+    # GitHub redirects renamed and transferred repositories, within
+    # api.github.com; a redirect to any other host is refused.
     FOLLOW_REDIRECTS = True
 
     # Primary-limit state from the last response, for a throttle to read.

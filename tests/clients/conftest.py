@@ -12,6 +12,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -127,10 +128,8 @@ class _Server(ThreadingHTTPServer):
         pass
 
 
-@pytest.fixture
-def fake_api(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeAPI]:
-    # A proxy configured in the environment must not intercept loopback.
-    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+@contextmanager
+def _serve() -> Iterator[FakeAPI]:
     server = _Server(("127.0.0.1", 0), _Handler)
     host, port = server.server_address[:2]
     server.api = FakeAPI(f"http://{host}:{port}")
@@ -143,6 +142,21 @@ def fake_api(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeAPI]:
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
+
+
+@pytest.fixture
+def fake_api(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeAPI]:
+    # A proxy configured in the environment must not intercept loopback.
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    with _serve() as api:
+        yield api
+
+
+@pytest.fixture
+def other_host(fake_api: FakeAPI) -> Iterator[FakeAPI]:
+    """Another server (another origin): where a redirect must not take a credential."""
+    with _serve() as api:
+        yield api
 
 
 @pytest.fixture

@@ -264,12 +264,26 @@ def test_success_without_json_is_an_api_error(fake_api: Any, make_client: Callab
     assert "login page" in info.value.message
 
 
-def test_redirect_not_followed_when_key_is_in_custom_header(fake_api: Any, make_client: Callable[..., Any]) -> None:
-    fake_api.reply(302, {"message": "moved"}, {"Location": "http://127.0.0.1:9/steal"})
-    with pytest.raises(APIError) as info:
-        make_client(ApolloClient).enrich_organization("apollo.io")
+@pytest.mark.parametrize(("cls", "call", "path"), CALLS[1:], ids=IDS[1:])
+@pytest.mark.parametrize("where", ["same-host", "other-host"])
+def test_redirect_not_followed_by_clients_that_do_not_need_it(
+    cls: type[Any],
+    call: Callable[[Any], Any],
+    path: str,
+    where: str,
+    fake_api: Any,
+    other_host: Any,
+    make_client: Callable[..., Any],
+) -> None:
+    """Anthropic and Apollo send their key in x-api-key, which requests keeps
+    on a redirect to anywhere; Slack has no redirect to follow."""
+    target = (fake_api.url if where == "same-host" else other_host.url) + "/steal"
+    fake_api.reply(302, {"message": "moved"}, {"Location": target})
+    with pytest.raises(APIError, match="redirect not followed") as info:
+        call(make_client(cls))
     assert info.value.status == 302
     assert len(fake_api.received) == 1
+    assert other_host.received == []
 
 
 def test_github_follows_redirect_for_renamed_repo(fake_api: Any, make_client: Callable[..., Any], token: str) -> None:
@@ -289,6 +303,28 @@ def test_github_follows_redirect_for_renamed_repo(fake_api: Any, make_client: Ca
         "/repositories/42",
     ]
     assert fake_api.received[1].headers["authorization"] == f"Bearer {token}"
+
+
+@pytest.mark.parametrize("status", [301, 302, 307, 308])
+def test_github_refuses_a_redirect_to_another_host(
+    status: int, fake_api: Any, other_host: Any, make_client: Callable[..., Any]
+) -> None:
+    """requests would follow it (without Authorization), and the other host's
+    answer would be stored as GitHub's."""
+    fake_api.reply(status, {"message": "Moved"}, {"Location": other_host.url + "/repositories/42"})
+    other_host.reply(200, {"id": 42, "full_name": "evil/repo"})
+    with pytest.raises(APIError, match="redirect to another host") as info:
+        make_client(GitHubClient).get_repo("old", "name")
+    assert info.value.status == status
+    assert other_host.received == []
+
+
+def test_github_stops_following_a_redirect_loop(fake_api: Any, make_client: Callable[..., Any]) -> None:
+    for _ in range(10):
+        fake_api.reply(302, {"message": "Found"}, {"Location": fake_api.url + "/users/octocat"})
+    with pytest.raises(APIError, match="redirects"):
+        make_client(GitHubClient).get_user("octocat")
+    assert len(fake_api.received) == 6  # the request and five redirects
 
 
 def test_connection_refused_propagates_as_requests_error(
