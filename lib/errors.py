@@ -6,6 +6,7 @@ logs a failure every cycle must not become eighty events a minute.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -54,7 +55,10 @@ def secrets_from_env() -> list[str]:
         except Exception:  # not installed, or a DSN libpq refuses: the URL reading below still applies
             pass
         if "://" in url:
-            found.append(urlsplit(url).password or "")  # as written: percent-encoded
+            # As written: percent-encoded. A URL urlsplit refuses (a bad IPv6
+            # host) must not fail before_send, which would drop the event.
+            with contextlib.suppress(ValueError):
+                found.append(urlsplit(url).password or "")
     return [s for s in found if s]
 
 

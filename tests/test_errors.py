@@ -58,6 +58,8 @@ def test_secrets_from_env_reads_the_tokens_and_the_database_password(monkeypatch
     assert DB_PASSWORD in errors.secrets_from_env()
     monkeypatch.setenv("DATABASE_URL", f"postgresql://db.example/jobs?user=jobs&password={DB_PASSWORD}")
     assert DB_PASSWORD in errors.secrets_from_env()
+    monkeypatch.setenv("DATABASE_URL", f"postgresql://jobs:{DB_PASSWORD}@[::1/jobs")  # urlsplit refuses it
+    assert set(errors.secrets_from_env()) == set(SECRETS.values())
     monkeypatch.delenv("DATABASE_URL")
     for var in SECRETS:
         monkeypatch.delenv(var)
