@@ -11,7 +11,15 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from lib import status
-from lib.clients.base import APIClient, AuthError, NotConfigured, OverloadedError, RateLimitError
+from lib.clients.base import (
+    MAX_WAIT,
+    APIClient,
+    AuthError,
+    InvalidArgument,
+    NotConfigured,
+    OverloadedError,
+    RateLimitError,
+)
 from lib.db import DB
 from lib.errors import capture
 from lib.poller import Handler, PendingJob, Poller, Snooze
@@ -38,7 +46,8 @@ def make_api_worker(
     now: Callable[[], datetime] = lambda: datetime.now(UTC),
     **options: Any,
 ) -> Poller:
-    """The queue's Poller; off (with the reason) when its token is not set."""
+    """The queue's Poller; off (with the reason) when its token is not set or
+    cannot be sent (the client refuses it when built: see NotConfigured)."""
     off = None
     if client is None:
         try:
@@ -53,8 +62,16 @@ def _guard(queue: str, db: DB, client: Any, handler: ApiHandler, now: Callable[[
     def run(job: PendingJob) -> str:
         try:
             return handler(db, client, job)
+        except InvalidArgument as exc:
+            # The job's args cannot make a safe request (a '..' for a GitHub
+            # owner, say): nothing was sent, and a retry sends nothing either.
+            # The input is at fault, not the worker: a fail, not reported.
+            return status.fail(str(exc))
         except (RateLimitError, OverloadedError) as exc:
             wait = (exc.reset_at - now()).total_seconds() if exc.reset_at else DEFAULT_RESET
+            # The clients bound reset_at by their own clock; bound the wait
+            # by ours too, so no client can park a job (and its queue) for long.
+            wait = min(max(wait, 0.0), MAX_WAIT.total_seconds())
             raise Snooze(wait, status.rate_limited(wait, str(exc))) from exc
         except AuthError as exc:
             until = now() + AUTH_PAUSE

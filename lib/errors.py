@@ -6,6 +6,7 @@ logs a failure every cycle must not become eighty events a minute.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -14,7 +15,13 @@ from typing import Any
 import sentry_sdk
 from sentry_sdk.integrations.logging import LoggingIntegration
 
+from lib.redact import scrub
+from lib.settings import dsn_secrets
+
 log = logging.getLogger("jobs.errors")
+
+# The environment variables whose values no event may carry.
+SECRET_ENV = ("GITHUB_TOKEN", "SLACK_BOT_TOKEN", "ANTHROPIC_API_KEY", "APOLLO_API_KEY")
 
 
 def _is_shutdown(exc: BaseException) -> bool:
@@ -34,6 +41,40 @@ def _drop_shutdown(event: dict[str, Any], hint: dict[str, Any]) -> dict[str, Any
     return event
 
 
+def secrets_from_env() -> list[str]:
+    """The API tokens and the database password, as configured now."""
+    found = [os.environ.get(name, "").strip() for name in SECRET_ENV]
+    url = os.environ.get("DATABASE_URL", "")
+    if url:
+        # As written and decoded, even in a DSN no parser accepts.
+        found += dsn_secrets(url)
+        with contextlib.suppress(Exception):
+            # libpq's own reading (escapes in key=value undone). Imported here:
+            # this module must import without a database driver.
+            from psycopg2.extensions import parse_dsn
+
+            found.append(parse_dsn(url).get("password", ""))
+    return [s for s in found if s]
+
+
+def mask(event: Any, secrets: list[str]) -> Any:
+    """event with each secret masked in every string it holds, keys included."""
+    if isinstance(event, str):
+        return scrub(event, secrets)
+    if isinstance(event, dict):
+        return {mask(key, secrets): mask(value, secrets) for key, value in event.items()}
+    if isinstance(event, list | tuple):
+        return type(event)(mask(value, secrets) for value in event)
+    return event
+
+
+def _before_send(event: dict[str, Any], hint: dict[str, Any]) -> dict[str, Any] | None:
+    if _drop_shutdown(event, hint) is None:
+        return None
+    # Read at each event (rare), so a secret set after init is masked too.
+    return mask(event, secrets_from_env())
+
+
 def init(dsn: str | None = None, **options: Any) -> bool:
     """Start reporting when a DSN is given or SENTRY_DSN is set; False otherwise."""
     dsn = dsn if dsn is not None else os.environ.get("SENTRY_DSN", "")
@@ -44,7 +85,10 @@ def init(dsn: str | None = None, **options: Any) -> bool:
         # Job args may hold personal data: never attach frame locals (PII stays off by default).
         include_local_variables=False,
         integrations=[LoggingIntegration(level=logging.INFO, event_level=None)],
-        before_send=_drop_shutdown,
+        # sentry-trace and baggage headers would go out with every API request;
+        # third parties have no use for them. Empty: propagate to no host.
+        trace_propagation_targets=[],
+        before_send=_before_send,
         **options,
     )
     return True

@@ -13,11 +13,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import unquote
 
-import psycopg2.extensions
+from lib.redact import scrub
 
 DEFAULT_SHUTDOWN_WINDOW = 30.0
 DEFAULT_LEASE_SECONDS = 30.0
-MASK = "***"
 
 # The password of a URL (scheme://user:password@host) or a key/value DSN
 # (password=... or password='...'), as written: it may be malformed itself.
@@ -92,26 +91,30 @@ def dsn_password(dsn: str) -> str | None:
     return None
 
 
-def mask_secret(text: str, secret: str | None) -> str:
-    """text with every form of the secret (as written, and percent-decoded) masked."""
-    if not secret:
-        return text
-    for form in sorted({secret, unquote(secret)}, key=len, reverse=True):
-        if form:
-            text = text.replace(form, MASK)
-    return text
+def dsn_secrets(dsn: str) -> list[str]:
+    """The password of a DSN as written and percent-decoded: the forms an
+    error or a URL may show it in."""
+    written = dsn_password(dsn)
+    return [written, unquote(written)] if written else []
+
+
+def mask_secret(text: str, dsn: str) -> str:
+    """text with the DSN's password masked."""
+    return scrub(text, dsn_secrets(dsn))
 
 
 def masked_dsn(dsn: str) -> str:
     """The DSN as an operator may see it: the password masked."""
-    return mask_secret(dsn, dsn_password(dsn))
+    return mask_secret(dsn, dsn)
 
 
 def check_dsn(dsn: str) -> None:
     """Refuse a DSN the driver cannot parse, naming it with the password masked
     (libpq quotes the bad part, which may be the password itself)."""
+    import psycopg2.extensions  # here: lib.errors reads dsn_secrets without a database driver
+
     try:
         psycopg2.extensions.parse_dsn(dsn)
     except psycopg2.Error as exc:
-        reason = mask_secret(str(exc).strip(), dsn_password(dsn))
+        reason = mask_secret(str(exc).strip(), dsn)
         raise SettingError(f"DATABASE_URL is malformed: {reason} (in {masked_dsn(dsn)})") from None

@@ -20,18 +20,28 @@ module, ``requests`` yields to the hub on I/O by itself.
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
 from typing import Any, ClassVar
+from urllib.parse import unquote, urljoin, urlsplit
 
 import requests
+
+from lib.redact import carries, scrub
 
 log = logging.getLogger(__name__)
 
 MESSAGE_LIMIT = 200
-REDACTED = "[redacted]"
+MiB = 1024 * 1024
+# The longest an API may send us away for. A job snoozed for a century (or a
+# Retry-After of inf) is a bug on either side; a day bounds it, and the job
+# comes back to ask again.
+MAX_WAIT = timedelta(days=1)
+# Redirects a client that follows them takes, one after another.
+MAX_REDIRECTS = 5
 
 
 def utc_now() -> datetime:
@@ -39,7 +49,14 @@ def utc_now() -> datetime:
 
 
 class NotConfigured(Exception):
-    """The credential for a client is missing; the message names the env var."""
+    """The credential for a client is missing or unusable; the message names
+    the env var, never the credential."""
+
+
+class InvalidArgument(ValueError):
+    """A value the client will not put in a request (a GitHub login with a
+    slash, a path with a '..' segment); nothing was sent. The job's input is
+    at fault, not the worker or the API."""
 
 
 class APIError(Exception):
@@ -79,8 +96,14 @@ class OverloadedError(ServerError):
     """
 
 
+def clamp_reset(moment: datetime, now: datetime) -> datetime:
+    """moment, but not before now and not more than MAX_WAIT after it."""
+    return min(max(moment, now), now + MAX_WAIT)
+
+
 def parse_retry_after(value: str | None, now: datetime) -> datetime | None:
-    """Absolute UTC moment from a Retry-After value (delta-seconds or HTTP-date)."""
+    """Absolute UTC moment from a Retry-After value (delta-seconds or
+    HTTP-date), within [now, now + MAX_WAIT]; None when unusable (nan too)."""
     if not value:
         return None
     value = value.strip()
@@ -89,14 +112,17 @@ def parse_retry_after(value: str | None, now: datetime) -> datetime | None:
     except ValueError:
         pass
     else:
-        return now + timedelta(seconds=max(seconds, 0.0))
+        if math.isnan(seconds):
+            return None
+        # Clamped before timedelta sees it: inf and 1e12 overflow it.
+        return now + timedelta(seconds=min(max(seconds, 0.0), MAX_WAIT.total_seconds()))
     try:
         moment = parsedate_to_datetime(value)
     except (TypeError, ValueError):
         return None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
-    return moment.astimezone(UTC)
+    return clamp_reset(moment.astimezone(UTC), now)
 
 
 def parse_epoch(value: str | None) -> datetime | None:
@@ -120,6 +146,64 @@ def parse_rfc3339(value: str | None) -> datetime | None:
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
     return moment.astimezone(UTC)
+
+
+def _checked_token(token: str, name: str) -> str:
+    """token, when every character of it can go in an HTTP header as is.
+
+    A token pasted with a line break (or any whitespace or control character)
+    makes requests refuse every request with an error that quotes the header,
+    token included; refused here, its queue is off from the start with a
+    reason that names the variable and the character, never the token.
+    Non-ASCII is refused too: no API here issues it, and http.client cannot
+    send most of it.
+    """
+    for char in token:
+        if not "!" <= char <= "~":
+            raise NotConfigured(
+                f"{name} holds U+{ord(char):04X}, a whitespace, control or non-ASCII character "
+                "no token has (pasted with a line break?)"
+            )
+    return token
+
+
+def _origin(url: str) -> tuple[str, str | None, int | None]:
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    return scheme, parts.hostname, parts.port or {"http": 80, "https": 443}.get(scheme)
+
+
+def _size(n: int) -> str:
+    return f"{n // MiB} MiB" if n % MiB == 0 else f"{n} bytes"
+
+
+def check_path(path: str) -> None:
+    """Refuse a path the server (or urllib3 before it) would resolve into
+    another one: a '.' or '..' segment, spelled out or percent-encoded, an
+    empty segment, or a segment that decodes to a slash or backslash.
+
+    Each client quotes what it puts in a path, but quoting keeps '..', and
+    /repos/../user is sent as GET /user, with the token.
+    """
+    route = path.split("?", 1)[0]
+    if not route.startswith("/"):
+        raise InvalidArgument(f"path {route!r:.100} does not start with /")
+    for segment in route[1:].split("/"):
+        name = unquote(segment)
+        if name in ("", ".", "..") or "/" in name or "\\" in name:
+            raise InvalidArgument(f"path {route!r:.100} has an empty, '.', '..' or slashed segment")
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """exc and every exception it chains, as a traceback or Sentry shows them."""
+    seen: list[BaseException] = []
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        current = todo.pop()
+        if current is not None and all(current is not e for e in seen):
+            seen.append(current)
+            todo += [current.__cause__, current.__context__]
+    return seen
 
 
 def extract_message(body: Any, text: str) -> str:
@@ -152,8 +236,14 @@ class APIClient:
     USER_AGENT: ClassVar[str] = "jobs-worker"
     # requests only strips the Authorization header when a redirect leaves the
     # host, so a key sent in a custom header (x-api-key) would follow a
-    # redirect anywhere. Clients opt in only when their auth is Authorization.
+    # redirect anywhere, and even without a key, the other host's answer would
+    # be taken for the API's. So requests never follows one; a client that
+    # opts in follows GET redirects within the API's own origin (_next_url),
+    # and any other redirect is an error.
     FOLLOW_REDIRECTS: ClassVar[bool] = False
+    # No answer these APIs give is near this; a larger one is a fault (or an
+    # attack) that must not take the worker's memory. Counted decompressed.
+    MAX_RESPONSE_BYTES: ClassVar[int] = 10 * MiB
 
     def __init__(
         self,
@@ -167,7 +257,7 @@ class APIClient:
         token = (token or os.environ.get(self.TOKEN_ENV, "")).strip()
         if not token:
             raise NotConfigured(f"{self.TOKEN_ENV} is not set")
-        self._token = token
+        self._token = _checked_token(token, self.TOKEN_ENV)
         base = base_url or os.environ.get(self.BASE_URL_ENV, "").strip() or self.BASE_URL
         self.base_url = base.rstrip("/")
         self.timeout = timeout
@@ -204,6 +294,8 @@ class APIClient:
         if 200 <= status < 300:
             return None
         message = self._message(body, response)
+        if 300 <= status < 400:
+            return APIError(status, method, path, f"redirect not followed: {message}")
         if status == 401:
             return AuthError(status, method, path, message)
         if status == 404:
@@ -218,7 +310,7 @@ class APIClient:
     def _message(self, body: Any, response: requests.Response) -> str:
         # An API could echo the credential back (e.g. "invalid key sk-..."):
         # scrub it so it cannot reach logs through str(error).
-        return extract_message(body, response.text).replace(self._token, REDACTED)
+        return scrub(extract_message(body, response.text), [self._token])
 
     def _request(
         self,
@@ -231,20 +323,108 @@ class APIClient:
         """Send one request and return the decoded JSON body, or raise APIError.
 
         ``path`` is appended to the base URL; query values belong in ``params``.
+        No exception leaves here with the token in its text: what the caller
+        raises becomes a job's status, a log line and a Sentry event.
         """
+        try:
+            return self._send(method, path, json=json, params=params)
+        except Exception as exc:
+            clean = self._scrubbed(exc)
+            if clean is exc:
+                raise
+        # Raised outside the except block, so the original (token and all)
+        # is not attached as its __context__.
+        raise clean
+
+    def _scrubbed(self, exc: Exception) -> Exception:
+        """exc itself when neither it nor what it chains shows the token, else
+        an exception of the same kind whose text has the token redacted and
+        that chains nothing."""
+        chain = _chain(exc)
+        if not any(carries(text, [self._token]) for e in chain for text in (str(e), repr(e))):
+            return exc
+        if isinstance(exc, APIError):
+            # Ours: every part of its text can be cleaned in place.
+            exc.message = scrub(exc.message, [self._token])
+            exc.path = scrub(exc.path, [self._token])
+            exc.args = (f"{exc.method} {exc.path} -> {exc.status}: {exc.message}",)
+            exc.__cause__ = exc.__context__ = None
+            exc.__suppress_context__ = True
+            return exc
+        text = scrub(str(exc), [self._token])
+        try:
+            clean = type(exc)(text)
+        except Exception:
+            clean = None
+        if clean is None or carries(str(clean), [self._token]):
+            # A kind that cannot be built from its message alone: say it was
+            # a request failure, which every caller already handles.
+            clean = requests.RequestException(f"{type(exc).__name__}: {text}")
+        clean.__suppress_context__ = True
+        return clean
+
+    def _read_body(self, response: requests.Response, method: str, path: str) -> None:
+        """Read the body into response.content, refusing one over the cap
+        before it is all in memory."""
+        cap = self.MAX_RESPONSE_BYTES
+        too_large = APIError(response.status_code, method, path, f"response body larger than {_size(cap)}")
+        declared = response.headers.get("content-length", "").strip()
+        # Said up front only when not compressed: the cap counts what decompresses.
+        if declared.isdigit() and int(declared) > cap and not response.headers.get("content-encoding"):
+            raise too_large
+        chunks, size = [], 0
+        for chunk in response.iter_content(64 * 1024):
+            size += len(chunk)
+            if size > cap:
+                raise too_large
+            chunks.append(chunk)
+        # Where requests keeps a body it read itself, so .content, .text and
+        # .json() work as usual for _classify and _on_response.
+        response._content = b"".join(chunks)
+
+    def _next_url(self, response: requests.Response, method: str, path: str) -> str | None:
+        """Where to follow this response to; None when it is not a redirect
+        this client follows (_classify then makes it an error)."""
+        if not (self.FOLLOW_REDIRECTS and response.is_redirect and method in ("GET", "HEAD")):
+            return None
+        target = urljoin(response.url, self.session.get_redirect_target(response))
+        if _origin(target) != _origin(self.base_url):
+            host = urlsplit(target).hostname or "?"
+            raise APIError(response.status_code, method, path, f"redirect to another host ({host}) refused")
+        return target
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any,
+        params: Mapping[str, str] | None,
+    ) -> Any:
+        check_path(path)
         url = self.base_url + path
         # Errors and logs name the path only: a query string may carry data
         # that has no business in logs.
         path = path.split("?", 1)[0]
-        response = self.session.request(
-            method,
-            url,
-            json=json,
-            params=params,
-            headers=self._headers(),
-            timeout=self.timeout,
-            allow_redirects=self.FOLLOW_REDIRECTS,
-        )
+        for _ in range(MAX_REDIRECTS + 1):
+            response = self.session.request(
+                method,
+                url,
+                json=json,
+                params=params,
+                headers=self._headers(),
+                timeout=self.timeout,
+                allow_redirects=False,  # see FOLLOW_REDIRECTS
+                stream=True,  # read by _read_body, which stops at the cap
+            )
+            with response:
+                self._read_body(response, method, path)
+            next_url = self._next_url(response, method, path)
+            if next_url is None:
+                break
+            url, params = next_url, None  # the Location carries its own query
+        else:
+            raise APIError(response.status_code, method, path, f"more than {MAX_REDIRECTS} redirects")
         log.debug("%s %s -> %s", method, path, response.status_code)
         self._on_response(response)
         try:
@@ -253,6 +433,9 @@ class APIClient:
             body = None
         error = self._classify(response, body, method, path)
         if error is not None:
+            if error.reset_at is not None:
+                # Whichever header it came from (epoch, RFC 3339, a window).
+                error.reset_at = clamp_reset(error.reset_at, self._now())
             raise error
         if body is None:
             raise APIError(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime, timedelta
 from typing import Any, ClassVar
 from urllib.parse import quote
@@ -11,6 +12,7 @@ import requests
 from lib.clients.base import (
     APIClient,
     APIError,
+    InvalidArgument,
     RateLimitError,
     parse_epoch,
     parse_retry_after,
@@ -19,6 +21,28 @@ from lib.clients.base import (
 # GitHub's advice when a secondary limit comes without retry-after or
 # x-ratelimit-remaining: 0 is to wait at least a minute.
 SECONDARY_LIMIT_WAIT = timedelta(minutes=1)
+
+# GitHub's rules for a login (user or organization): letters, digits and
+# hyphens, not starting with a hyphen, at most 39 characters. The stricter
+# rules for new accounts (no trailing or double hyphen) are not applied, as
+# older accounts may predate them; an underscore appears in the logins of
+# enterprise managed users (octocat_acme).
+LOGIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,38}")
+# A repository name: letters, digits, '.', '-' and '_', at most 100
+# characters; GitHub refuses '.' and '..' as names.
+REPO_NAME = re.compile(r"[A-Za-z0-9._-]{1,100}")
+
+
+def _login(value: str, what: str) -> str:
+    if not isinstance(value, str) or not LOGIN.fullmatch(value):
+        raise InvalidArgument(f"{what} {value!r:.80} is not a GitHub login")
+    return value
+
+
+def _repo_name(value: str) -> str:
+    if not isinstance(value, str) or not REPO_NAME.fullmatch(value) or value in (".", ".."):
+        raise InvalidArgument(f"repo {value!r:.80} is not a GitHub repository name")
+    return value
 
 
 class GitHubClient(APIClient):
@@ -34,8 +58,8 @@ class GitHubClient(APIClient):
     BASE_URL = "https://api.github.com"
     BASE_URL_ENV = "GITHUB_BASE_URL"
     API_VERSION: ClassVar[str] = "2022-11-28"
-    # GitHub redirects renamed repositories; requests drops Authorization if
-    # the redirect leaves the host, so following is safe here.
+    # GitHub redirects renamed and transferred repositories, within
+    # api.github.com; a redirect to any other host is refused.
     FOLLOW_REDIRECTS = True
 
     # Primary-limit state from the last response, for a throttle to read.
@@ -43,9 +67,13 @@ class GitHubClient(APIClient):
     rate_reset_at: datetime | None = None
 
     def get_repo(self, owner: str, repo: str) -> dict[str, Any]:
+        # Checked by GitHub's rules, which leave nothing to quote; quoted all
+        # the same, so a looser rule later cannot open the path.
+        owner, repo = _login(owner, "owner"), _repo_name(repo)
         return self._request("GET", f"/repos/{quote(owner, safe='')}/{quote(repo, safe='')}")
 
     def get_user(self, login: str) -> dict[str, Any]:
+        login = _login(login, "login")
         return self._request("GET", f"/users/{quote(login, safe='')}")
 
     def _headers(self) -> dict[str, str]:

@@ -12,6 +12,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -32,6 +33,8 @@ class Canned:
     body: Any = None  # dict/list -> JSON; str/bytes sent as-is
     headers: dict[str, str] = field(default_factory=dict)
     delay: float = 0.0
+    # False: no Content-Length; the body ends when the connection closes.
+    length: bool = True
 
 
 @dataclass
@@ -65,8 +68,9 @@ class FakeAPI:
         body: Any = None,
         headers: dict[str, str] | None = None,
         delay: float = 0.0,
+        length: bool = True,
     ) -> None:
-        self.canned.append(Canned(status, body, headers or {}, delay))
+        self.canned.append(Canned(status, body, headers or {}, delay, length))
 
     @property
     def last(self) -> Received:
@@ -104,7 +108,8 @@ class _Handler(BaseHTTPRequestHandler):
         headers = {"Content-Type": "application/json", **canned.headers}
         for name, value in headers.items():
             self.send_header(name, value)
-        self.send_header("Content-Length", str(len(payload)))
+        if canned.length:
+            self.send_header("Content-Length", str(len(payload)))
         self.end_headers()
         self.wfile.write(payload)
 
@@ -123,10 +128,8 @@ class _Server(ThreadingHTTPServer):
         pass
 
 
-@pytest.fixture
-def fake_api(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeAPI]:
-    # A proxy configured in the environment must not intercept loopback.
-    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+@contextmanager
+def _serve() -> Iterator[FakeAPI]:
     server = _Server(("127.0.0.1", 0), _Handler)
     host, port = server.server_address[:2]
     server.api = FakeAPI(f"http://{host}:{port}")
@@ -139,6 +142,21 @@ def fake_api(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeAPI]:
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
+
+
+@pytest.fixture
+def fake_api(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeAPI]:
+    # A proxy configured in the environment must not intercept loopback.
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    with _serve() as api:
+        yield api
+
+
+@pytest.fixture
+def other_host(fake_api: FakeAPI) -> Iterator[FakeAPI]:
+    """Another server (another origin): where a redirect must not take a credential."""
+    with _serve() as api:
+        yield api
 
 
 @pytest.fixture

@@ -152,3 +152,28 @@ def test_500_api_error_is_server_error(anthropic: AnthropicClient, fake_api: Any
     with pytest.raises(ServerError) as info:
         anthropic.create_message(model="m", max_tokens=1, messages=MESSAGES)
     assert type(info.value) is ServerError
+
+
+@pytest.mark.parametrize(
+    ("reset", "wait"),
+    [("9999-12-31T23:59:59Z", timedelta(days=1)), ("2030-01-01T00:00:00Z", timedelta(0))],
+    ids=["far", "past"],
+)
+def test_limit_reset_is_clamped_to_a_day(
+    anthropic: AnthropicClient, fake_api: Any, now: datetime, reset: str, wait: timedelta
+) -> None:
+    fake_api.reply(
+        429,
+        error_body("rate_limit_error", "rate limited"),
+        {"anthropic-ratelimit-tokens-remaining": "0", "anthropic-ratelimit-tokens-reset": reset},
+    )
+    with pytest.raises(RateLimitError) as info:
+        anthropic.create_message(model="m", max_tokens=1, messages=MESSAGES)
+    assert info.value.reset_at == now + wait
+
+
+def test_overloaded_retry_after_is_clamped_to_a_day(anthropic: AnthropicClient, fake_api: Any, now: datetime) -> None:
+    fake_api.reply(529, error_body("overloaded_error", "Overloaded"), {"retry-after": "1e12"})
+    with pytest.raises(OverloadedError) as info:
+        anthropic.create_message(model="m", max_tokens=1, messages=MESSAGES)
+    assert info.value.reset_at == now + timedelta(days=1)

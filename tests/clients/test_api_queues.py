@@ -14,6 +14,7 @@ import gevent
 import pytest
 from conftest import NOW, TOKEN
 from gevent.event import Event
+from tests_support import wait_for
 
 from lib import status as st
 from lib.clients import ApolloClient, GitHubClient, SlackClient
@@ -180,11 +181,9 @@ def _read_until(proc: subprocess.Popen, text: str, timeout: float = 30.0) -> str
     raise AssertionError(f"the process ended before printing {text!r}: {''.join(lines)}")
 
 
-def test_worker_without_tokens_starts_and_says_which_queues_are_off(db, database_url):
-    """The real worker.py and registry: no token is set, so the API queues are
-    off and said so once; the rest run. Starting also ends an auth pause."""
-    pause(db, "caches", AUTH_PREFIX + "left over")
-    env = {k: v for k, v in os.environ.items() if not k.endswith(("_TOKEN", "_API_KEY"))}
+def _run_worker(database_url, env, until=lambda: True):
+    """The real worker.py with env, stopped by SIGTERM once it runs and until()
+    holds: its output."""
     proc = subprocess.Popen(
         [sys.executable, "worker.py"],
         cwd=ROOT,
@@ -195,14 +194,26 @@ def test_worker_without_tokens_starts_and_says_which_queues_are_off(db, database
     )
     try:
         # The line it logs once every poller is started and its signal handlers are set.
-        started = _read_until(proc, "running 2 queues")
-        assert paused(db) == []
+        started = _read_until(proc, " queues: ")
+        wait_for(until, 30)
         proc.send_signal(signal.SIGTERM)
         rest, _ = proc.communicate(timeout=30)
     finally:
         proc.kill()
     out = started + rest
     assert proc.returncode == 0, out
+    return out
+
+
+def _without_tokens():
+    return {k: v for k, v in os.environ.items() if not k.endswith(("_TOKEN", "_API_KEY"))}
+
+
+def test_worker_without_tokens_starts_and_says_which_queues_are_off(db, database_url):
+    """The real worker.py and registry: no token is set, so the API queues are
+    off and said so once; the rest run. Starting also ends an auth pause."""
+    pause(db, "caches", AUTH_PREFIX + "left over")
+    out = _run_worker(database_url, _without_tokens(), until=lambda: not paused(db))
     for queue, var in [
         ("github", "GITHUB_TOKEN"),
         ("slack", "SLACK_BOT_TOKEN"),
@@ -213,3 +224,64 @@ def test_worker_without_tokens_starts_and_says_which_queues_are_off(db, database
     assert "running 2 queues: caches, maintenance" in out
     assert "Traceback" not in out
     assert paused(db) == []
+
+
+BAD_TOKEN = "sekret-TOKEN\n1234"  # pasted with a line break
+
+
+@pytest.mark.parametrize(
+    ("module", "var"),
+    [
+        (github, "GITHUB_TOKEN"),
+        (slack, "SLACK_BOT_TOKEN"),
+        (anthropic, "ANTHROPIC_API_KEY"),
+        (apollo, "APOLLO_API_KEY"),
+    ],
+)
+def test_a_token_with_a_line_break_turns_its_queue_off(db, monkeypatch, module, var):
+    """Not sent with every job to fail each one with the token in its text:
+    the queue is off from the start, and the reason names the variable only."""
+    monkeypatch.setenv(var, BAD_TOKEN)
+    poller = module.make_worker(db)
+    assert poller.off is not None
+    assert poller.off.startswith(f"{var} holds U+000A")
+    assert "sekret" not in poller.off and "1234" not in poller.off
+
+
+def test_worker_says_once_that_a_bad_token_turned_its_queue_off(db, database_url):
+    insert(db, "github", "github.FetchRepo", {"owner": "octo", "repo": "hello"})
+    out = _run_worker(database_url, {**_without_tokens(), "GITHUB_TOKEN": BAD_TOKEN})
+    assert out.count("queue=github is off: GITHUB_TOKEN holds U+000A") == 1, out
+    assert "sekret" not in out and "1234" not in out, out
+    # The job waits for a fixed token; it was never tried with this one.
+    assert db.query("SELECT status, last_error FROM jobs") == [("pending", None)]
+
+
+@pytest.mark.parametrize("args", [{"owner": "..", "repo": "user"}, {"owner": "octo", "repo": ".."}])
+def test_a_path_traversal_in_args_fails_the_job_unsent(db, fake_api, sentry_events, args):
+    """('..', 'user') was sent as GET /user with the token, and the token
+    owner's profile was stored as a repository. Bad input, not a fault: the
+    job fails with the reason, nothing is sent, nothing reported."""
+    client = GitHubClient(TOKEN, base_url=fake_api.url, now=lambda: NOW)
+    fake_api.reply(200, {"login": "token-owner", "email": "owner@example.com"})  # what GET /user answers
+    job_id = insert(db, "github", "github.FetchRepo", args)
+    result = github.make_worker(db, client).work_once()
+    assert result.startswith("fail: "), result
+    assert "not a GitHub" in result
+    assert fake_api.received == []
+    assert db.query("SELECT count(*) FROM github_repos") == [(0,)]
+    assert db.query("SELECT status FROM jobs WHERE id = %s", (job_id,)) == [(result,)]
+    assert sentry_events == []
+
+
+@pytest.mark.parametrize("retry_after", ["inf", "1e12", "3153600000"])
+def test_a_huge_retry_after_snoozes_the_job_for_a_day_at_most(db, fake_api, sentry_events, retry_after):
+    """inf and 1e12 made the job end err: (an overflow); a century was obeyed."""
+    fake_api.reply(429, {"error": "rate limited"}, {"retry-after": retry_after})
+    job_id = insert(db, "apollo", "apollo.EnrichOrganization", {"domain": "apollo.io"})
+    result = _apollo(db, fake_api).work_once(stop=STOPPED)
+    assert result.startswith("skip: rate limited, resets in 86400s"), result
+    assert sentry_events == []
+    (state, wait) = db.query_row("SELECT status, extract(EPOCH FROM run_at - now()) FROM jobs WHERE id = %s", (job_id,))
+    assert state == "pending"
+    assert 86000 < wait <= 86400

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gzip
+import json
 import socket
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -63,6 +65,32 @@ def test_retry_after_http_date_is_absolute(now: datetime) -> None:
 
 @pytest.mark.parametrize("value", [None, "", "soon", "12abc"])
 def test_retry_after_unusable_is_none(value: str | None, now: datetime) -> None:
+    assert parse_retry_after(value, now) is None
+
+
+@pytest.mark.parametrize(
+    ("value", "wait"),
+    [
+        ("inf", timedelta(days=1)),
+        ("Infinity", timedelta(days=1)),
+        ("1e12", timedelta(days=1)),
+        ("3153600000", timedelta(days=1)),  # a century
+        ("86401", timedelta(days=1)),
+        ("86400", timedelta(days=1)),
+        ("-inf", timedelta(0)),
+        ("-30", timedelta(0)),
+        ("Fri, 31 Dec 9999 23:59:59 GMT", timedelta(days=1)),
+        ("Tue, 01 Jan 2030 00:00:00 GMT", timedelta(0)),  # already past
+    ],
+)
+def test_retry_after_is_clamped_to_a_day(value: str, wait: timedelta, now: datetime) -> None:
+    """inf and 1e12 raised (the job ended err: instead of waiting); a large
+    finite value held a job for decades."""
+    assert parse_retry_after(value, now) == now + wait
+
+
+@pytest.mark.parametrize("value", ["nan", "NaN", "-nan"])
+def test_retry_after_nan_is_unusable(value: str, now: datetime) -> None:
     assert parse_retry_after(value, now) is None
 
 
@@ -236,12 +264,26 @@ def test_success_without_json_is_an_api_error(fake_api: Any, make_client: Callab
     assert "login page" in info.value.message
 
 
-def test_redirect_not_followed_when_key_is_in_custom_header(fake_api: Any, make_client: Callable[..., Any]) -> None:
-    fake_api.reply(302, {"message": "moved"}, {"Location": "http://127.0.0.1:9/steal"})
-    with pytest.raises(APIError) as info:
-        make_client(ApolloClient).enrich_organization("apollo.io")
+@pytest.mark.parametrize(("cls", "call", "path"), CALLS[1:], ids=IDS[1:])
+@pytest.mark.parametrize("where", ["same-host", "other-host"])
+def test_redirect_not_followed_by_clients_that_do_not_need_it(
+    cls: type[Any],
+    call: Callable[[Any], Any],
+    path: str,
+    where: str,
+    fake_api: Any,
+    other_host: Any,
+    make_client: Callable[..., Any],
+) -> None:
+    """Anthropic and Apollo send their key in x-api-key, which requests keeps
+    on a redirect to anywhere; Slack has no redirect to follow."""
+    target = (fake_api.url if where == "same-host" else other_host.url) + "/steal"
+    fake_api.reply(302, {"message": "moved"}, {"Location": target})
+    with pytest.raises(APIError, match="redirect not followed") as info:
+        call(make_client(cls))
     assert info.value.status == 302
     assert len(fake_api.received) == 1
+    assert other_host.received == []
 
 
 def test_github_follows_redirect_for_renamed_repo(fake_api: Any, make_client: Callable[..., Any], token: str) -> None:
@@ -261,6 +303,28 @@ def test_github_follows_redirect_for_renamed_repo(fake_api: Any, make_client: Ca
         "/repositories/42",
     ]
     assert fake_api.received[1].headers["authorization"] == f"Bearer {token}"
+
+
+@pytest.mark.parametrize("status", [301, 302, 307, 308])
+def test_github_refuses_a_redirect_to_another_host(
+    status: int, fake_api: Any, other_host: Any, make_client: Callable[..., Any]
+) -> None:
+    """requests would follow it (without Authorization), and the other host's
+    answer would be stored as GitHub's."""
+    fake_api.reply(status, {"message": "Moved"}, {"Location": other_host.url + "/repositories/42"})
+    other_host.reply(200, {"id": 42, "full_name": "evil/repo"})
+    with pytest.raises(APIError, match="redirect to another host") as info:
+        make_client(GitHubClient).get_repo("old", "name")
+    assert info.value.status == status
+    assert other_host.received == []
+
+
+def test_github_stops_following_a_redirect_loop(fake_api: Any, make_client: Callable[..., Any]) -> None:
+    for _ in range(10):
+        fake_api.reply(302, {"message": "Found"}, {"Location": fake_api.url + "/users/octocat"})
+    with pytest.raises(APIError, match="redirects"):
+        make_client(GitHubClient).get_user("octocat")
+    assert len(fake_api.received) == 6  # the request and five redirects
 
 
 def test_connection_refused_propagates_as_requests_error(
@@ -294,3 +358,143 @@ def test_rate_limit_error_is_an_api_error() -> None:
     # Callers catching APIError must also catch the more specific kinds.
     for kind in (AuthError, RateLimitError, ServerError, NotFoundError):
         assert issubclass(kind, APIError)
+
+
+# --- tokens checked at start --------------------------------------------------
+
+# Recognisable pieces of the bad tokens below: none may appear in a reason or
+# an error ("TOKEN" alone would match the variable's name).
+BAD_TOKEN_PIECES = ("sekret", "1234")
+
+
+@pytest.mark.parametrize("cls", [c for c, _, _ in CALLS], ids=IDS)
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "sekret-TOKEN\n1234",
+        "sekret-TOKEN\r\n1234",
+        "sekret TOKEN-1234",
+        "sekret\tTOKEN-1234",
+        "sekret\x00TOKEN-1234",
+        "sekret\x7fTOKEN-1234",
+        "sekret\u2028TOKEN-1234",
+        "sekret\u00a0TOKEN-1234",
+    ],
+    ids=["newline", "crlf", "space", "tab", "nul", "del", "line-separator", "nbsp"],
+)
+def test_token_with_whitespace_or_control_character_is_refused(
+    cls: type[Any], bad: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if "\x00" not in bad:  # the environment cannot hold a NUL; an argument can
+        monkeypatch.setenv(cls.TOKEN_ENV, bad)
+        with pytest.raises(NotConfigured) as info:
+            cls()
+        reason = str(info.value)
+        assert cls.TOKEN_ENV in reason
+        assert not any(piece in reason for piece in BAD_TOKEN_PIECES), reason
+    with pytest.raises(NotConfigured) as info:
+        cls(bad)
+    assert not any(piece in str(info.value) for piece in BAD_TOKEN_PIECES)
+
+
+@pytest.mark.parametrize(("cls", "call", "path"), CALLS, ids=IDS)
+def test_client_scrubs_its_token_from_request_errors(
+    cls: type[Any], call: Callable[[Any], Any], path: str, make_client: Callable[..., Any]
+) -> None:
+    """Defence in depth: were a bad token to get past the check, requests'
+    InvalidHeader quotes the header value (token included) in its text."""
+    client = make_client(cls)
+    client._token = "sekret-TOKEN\n1234"
+    with pytest.raises(requests.RequestException) as info:
+        call(client)
+    texts = []
+    exc: BaseException | None = info.value
+    while exc is not None:
+        texts += [str(exc), repr(exc)]
+        exc = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+    assert "[redacted]" in texts[0]
+    assert not any(piece in text for piece in BAD_TOKEN_PIECES for text in texts), texts
+
+
+class _Leaky(requests.adapters.HTTPAdapter):
+    """A transport whose error quotes the request's headers (a proxy's error page, a debug wrapper)."""
+
+    def send(self, request: requests.PreparedRequest, *args: Any, **kwargs: Any) -> requests.Response:
+        inner = ValueError(f"send failed with headers {dict(request.headers)}")
+        raise requests.ConnectionError(f"connection failed: {inner}") from inner
+
+
+@pytest.mark.parametrize(("cls", "call", "path"), CALLS, ids=IDS)
+def test_client_scrubs_its_token_from_a_chained_transport_error(
+    cls: type[Any], call: Callable[[Any], Any], path: str, make_client: Callable[..., Any], token: str
+) -> None:
+    session = requests.Session()
+    session.mount("http://", _Leaky())
+    with pytest.raises(requests.ConnectionError) as info:
+        call(make_client(cls, session=session))
+    assert "[redacted]" in str(info.value)
+    assert token not in str(info.value)
+    assert info.value.__cause__ is None and info.value.__suppress_context__
+
+
+# --- paths --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cls", [c for c, _, _ in CALLS], ids=IDS)
+@pytest.mark.parametrize(
+    "path",
+    ["/a/../b", "/a/./b", "/..", "/a/%2e%2e/b", "/a/%2E/b", "//a", "/a//b", "/a/", "a/b", "/a/b%2Fc", "/a/b%5cc"],
+)
+def test_a_path_with_a_dot_or_empty_segment_is_refused_unsent(
+    cls: type[Any], path: str, fake_api: Any, make_client: Callable[..., Any]
+) -> None:
+    """Any segment the server or urllib3 would resolve or collapse is refused,
+    whatever built the path."""
+    with pytest.raises(ValueError, match="path") as info:
+        make_client(cls)._request("GET", path)
+    assert type(info.value).__name__ == "InvalidArgument"
+    assert fake_api.received == []
+
+
+def test_a_query_string_is_not_a_path(fake_api: Any, make_client: Callable[..., Any]) -> None:
+    fake_api.reply(200, {"ok": True})
+    make_client(GitHubClient)._request("GET", "/search?q=a/../b")
+    assert fake_api.last.target == "/search?q=a/../b"
+
+
+# --- response size -------------------------------------------------------------
+
+MiB = 1024 * 1024
+
+
+def _padded(size: int) -> bytes:
+    """A JSON success body (for every client) of exactly size bytes."""
+    head, tail = b'{"ok": true, "pad": "', b'"}'
+    return head + b"x" * (size - len(head) - len(tail)) + tail
+
+
+@pytest.mark.parametrize(("cls", "call", "path"), CALLS, ids=IDS)
+@pytest.mark.parametrize("length", [True, False], ids=["content-length", "until-close"])
+def test_a_response_over_the_cap_is_refused(
+    cls: type[Any], call: Callable[[Any], Any], path: str, length: bool, fake_api: Any, make_client: Callable[..., Any]
+) -> None:
+    """Read whole before, whatever its size: a runaway or hostile answer could
+    take the worker's memory."""
+    fake_api.reply(200, _padded(10 * MiB + 1), length=length)
+    with pytest.raises(APIError, match="larger than 10 MiB") as info:
+        call(make_client(cls))
+    assert info.value.status == 200
+
+
+def test_a_compressed_response_is_capped_as_decompressed(fake_api: Any, make_client: Callable[..., Any]) -> None:
+    bomb = gzip.compress(_padded(11 * MiB))
+    assert len(bomb) < MiB
+    fake_api.reply(200, bomb, {"Content-Encoding": "gzip"})
+    with pytest.raises(APIError, match="larger than 10 MiB"):
+        make_client(SlackClient).post_message("C1", "hi")
+
+
+@pytest.mark.parametrize("length", [True, False], ids=["content-length", "until-close"])
+def test_a_response_at_the_cap_is_read(length: bool, fake_api: Any, make_client: Callable[..., Any]) -> None:
+    fake_api.reply(200, _padded(10 * MiB), length=length)
+    assert len(json.dumps(make_client(SlackClient).post_message("C1", "hi"))) == 10 * MiB

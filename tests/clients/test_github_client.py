@@ -15,8 +15,8 @@ from lib.clients import (
     ServerError,
 )
 
-RESET_EPOCH = "1893553200"  # 2030-01-02T03:00:00Z
-RESET_AT = datetime(2030, 1, 2, 3, 0, tzinfo=UTC)
+RESET_EPOCH = "1893553800"  # 2030-01-02T03:10:00Z, after the tests' NOW
+RESET_AT = datetime(2030, 1, 2, 3, 10, tzinfo=UTC)
 
 
 @pytest.fixture
@@ -38,17 +38,48 @@ def test_get_repo_sends_documented_headers(github: GitHubClient, fake_api: Any, 
     assert request.headers["user-agent"] == "jobs-worker"
 
 
-def test_get_user_quotes_the_login(github: GitHubClient, fake_api: Any) -> None:
+def test_get_user_sends_the_login(github: GitHubClient, fake_api: Any) -> None:
     fake_api.reply(200, {"login": "octocat", "id": 583231})
-
     assert github.get_user("octocat") == {"login": "octocat", "id": 583231}
-    github_path = fake_api.last.path
-    assert github_path == "/users/octocat"
+    assert fake_api.last.path == "/users/octocat"
 
-    fake_api.reply(404, {"message": "Not Found"})
-    with pytest.raises(NotFoundError):
-        github.get_user("../repos/x")
-    assert fake_api.last.target == "/users/..%2Frepos%2Fx"
+
+GOOD_NAMES = [
+    ("octo-cat", "hello"),
+    ("a", ".github"),
+    ("A1", "my_repo.js"),
+    ("x" * 39, "y" * 100),
+    ("octo_acme", "-x-"),
+]
+
+
+@pytest.mark.parametrize(("owner", "repo"), GOOD_NAMES)
+def test_names_github_allows_are_sent(github: GitHubClient, fake_api: Any, owner: str, repo: str) -> None:
+    fake_api.reply(200, {"full_name": f"{owner}/{repo}"})
+    github.get_repo(owner, repo)
+    assert fake_api.last.path == f"/repos/{owner}/{repo}"
+
+
+BAD_LOGINS = ["..", ".", "", "a/b", "-octo", "octo.cat", "x" * 40, "octo cat", "octo\n", "%2e%2e", "octo?x", "ö"]
+BAD_REPOS = ["..", ".", "", "a/b", "x" * 101, "a b", "a\\b", "%2e%2e", "a?b", "a#b"]
+
+
+@pytest.mark.parametrize("login", BAD_LOGINS)
+def test_a_login_github_would_not_issue_is_refused_unsent(github: GitHubClient, fake_api: Any, login: str) -> None:
+    """('..', 'user') became GET /user: the token owner's own profile."""
+    with pytest.raises(ValueError, match="not a GitHub login") as info:
+        github.get_user(login)
+    assert type(info.value).__name__ == "InvalidArgument"
+    with pytest.raises(ValueError, match="not a GitHub login"):
+        github.get_repo(login, "user")
+    assert fake_api.received == []
+
+
+@pytest.mark.parametrize("repo", BAD_REPOS)
+def test_a_repo_name_github_would_not_allow_is_refused_unsent(github: GitHubClient, fake_api: Any, repo: str) -> None:
+    with pytest.raises(ValueError, match="not a GitHub repository name"):
+        github.get_repo("octo", repo)
+    assert fake_api.received == []
 
 
 def test_records_primary_rate_limit_state(github: GitHubClient, fake_api: Any) -> None:
@@ -145,3 +176,19 @@ def test_5xx_is_server_error(github: GitHubClient, fake_api: Any, status: int) -
     with pytest.raises(ServerError) as info:
         github.get_user("octocat")
     assert info.value.status == status
+
+
+@pytest.mark.parametrize(
+    ("epoch", "wait"),
+    [("99999999999", timedelta(days=1)), ("1893553000", timedelta(0)), ("1e300", timedelta(minutes=1))],
+    ids=["year-5138", "past", "no-date-so-the-default"],
+)
+def test_reset_epoch_is_clamped_to_a_day(
+    github: GitHubClient, fake_api: Any, now: datetime, epoch: str, wait: timedelta
+) -> None:
+    fake_api.reply(
+        403, {"message": "API rate limit exceeded"}, {"x-ratelimit-remaining": "0", "x-ratelimit-reset": epoch}
+    )
+    with pytest.raises(RateLimitError) as info:
+        github.get_user("octocat")
+    assert info.value.reset_at == now + wait

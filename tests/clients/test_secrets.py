@@ -1,0 +1,152 @@
+"""Secrets stay where they belong: each token goes to its own API, in its own
+header, and nowhere else (no other header, job row, log line or Sentry event)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from conftest import NOW
+from gevent.event import Event
+
+from lib.clients import AnthropicClient, ApolloClient, GitHubClient, SlackClient
+from lib.insert import insert
+from queues import anthropic, apollo, github, slack
+
+SECRET = "sekret-TOKEN-1234"
+
+# Each client, one call, and the one header its token belongs in (as sent).
+CLIENTS: list[tuple[type[Any], Callable[[Any], Any], str, str]] = [
+    (GitHubClient, lambda c: c.get_user("octocat"), "authorization", f"Bearer {SECRET}"),
+    (SlackClient, lambda c: c.post_message("C1", "hi"), "authorization", f"Bearer {SECRET}"),
+    (
+        AnthropicClient,
+        lambda c: c.create_message(model="m", max_tokens=1, messages=[]),
+        "x-api-key",
+        SECRET,
+    ),
+    (ApolloClient, lambda c: c.enrich_organization("apollo.io"), "x-api-key", SECRET),
+]
+IDS = [cls.__name__ for cls, *_ in CLIENTS]
+
+# Already set: the poller skips its local throttle pause after a rate limit or
+# a rejected token (the queue-wide pause is still written).
+STOPPED = Event()
+STOPPED.set()
+
+
+@pytest.mark.parametrize(("cls", "call", "header", "value"), CLIENTS, ids=IDS)
+def test_no_trace_headers_go_to_the_apis(cls, call, header, value, fake_api, sentry_events):
+    """sentry-sdk adds sentry-trace and baggage to every outgoing request unless
+    told not to: they are no business of a third party."""
+    fake_api.reply(200, {"ok": True})
+    call(cls(SECRET, base_url=fake_api.url, now=lambda: NOW))
+    sent = fake_api.last.headers
+    assert "sentry-trace" not in sent and "baggage" not in sent, sent
+    assert sent[header] == value
+
+
+# Each queue end to end: its token variable, where its base URL goes, one job,
+# the success its API answers, and the header the token belongs in.
+QUEUES = [
+    (
+        github,
+        "GITHUB_TOKEN",
+        "GITHUB_BASE_URL",
+        "github.FetchRepo",
+        {"owner": "octo", "repo": "hello"},
+        {"full_name": "octo/hello"},
+        "authorization",
+        f"Bearer {SECRET}",
+    ),
+    (
+        slack,
+        "SLACK_BOT_TOKEN",
+        "SLACK_BASE_URL",
+        "slack.PostMessage",
+        {"channel": "C1", "text": "hi"},
+        {"ok": True, "ts": "1.2"},
+        "authorization",
+        f"Bearer {SECRET}",
+    ),
+    (
+        anthropic,
+        "ANTHROPIC_API_KEY",
+        "ANTHROPIC_BASE_URL",
+        "anthropic.Ask",
+        {"key": "k", "prompt": "p"},
+        {"model": "m", "content": [{"type": "text", "text": "answer"}], "usage": {}},
+        "x-api-key",
+        SECRET,
+    ),
+    (
+        apollo,
+        "APOLLO_API_KEY",
+        "APOLLO_BASE_URL",
+        "apollo.EnrichOrganization",
+        {"domain": "apollo.io"},
+        {"organization": {"name": "Apollo"}},
+        "x-api-key",
+        SECRET,
+    ),
+]
+
+
+@pytest.fixture
+def clean(db):
+    db.exec("TRUNCATE job_queues, github_repos, apollo_organizations, slack_posts, anthropic_answers")
+
+
+@pytest.mark.parametrize(
+    ("module", "var", "base_var", "name", "args", "ok_body", "header", "value"),
+    QUEUES,
+    ids=[q[0].__name__.split(".")[-1] for q in QUEUES],
+)
+def test_the_token_goes_only_to_its_api_in_its_header(
+    db, clean, fake_api, sentry_events, caplog, monkeypatch, module, var, base_var, name, args, ok_body, header, value
+):
+    """A success, a failure whose body echoes the token (an err: reported to
+    Sentry) and a rejection that echoes it (the queue paused, reported once):
+    the token is in no other header, no job or queue row, no log line and no
+    Sentry event."""
+    caplog.set_level(logging.DEBUG)
+    monkeypatch.setenv(var, SECRET)
+    monkeypatch.setenv(base_var, fake_api.url)
+    worker = module.make_worker(db, now=lambda: NOW)
+    assert worker.off is None
+    fake_api.reply(200, ok_body)
+    fake_api.reply(500, {"message": f"boom, your token {SECRET} broke us", "error": f"token {SECRET}"})
+    fake_api.reply(401, {"message": f"invalid credential {SECRET}", "error": f"invalid {SECRET}"})
+    results = []
+    for n in range(3):
+        # The throttle holds the queue after each job: let the next one go now.
+        db.exec("UPDATE job_queues SET next_claim_at = NULL")
+        insert(db, worker.queue, name, {**args, "n": n})
+        results.append(worker.work_once(stop=STOPPED))
+
+    assert results[0].startswith("ok")
+    assert results[1].startswith("err: ServerError")
+    assert results[2].startswith("skip: token rejected")
+    assert len(fake_api.received) == 3
+    for request in fake_api.received:
+        assert "sentry-trace" not in request.headers and "baggage" not in request.headers
+        assert request.headers[header] == value
+    rows = db.query("SELECT row_to_json(j)::text FROM jobs j") + db.query(
+        "SELECT row_to_json(q)::text FROM job_queues q"
+    )
+    assert len(rows) == 4  # three jobs, and the pause of their queue
+    assert len(sentry_events) == 2  # the fault and the rejected token
+    # Every place the token must not be, searched as text; a failure names them all.
+    places = {
+        "other headers": json.dumps([{k: v for k, v in r.headers.items() if k != header} for r in fake_api.received]),
+        "request targets and bodies": repr([(r.target, r.body) for r in fake_api.received]),
+        "job and queue rows": json.dumps(rows),
+        "log lines": caplog.text,
+        "sentry events": json.dumps(sentry_events),
+    }
+    assert [where for where, text in places.items() if SECRET in text] == []
+    # Masked, not dropped: what the API said is still there to read.
+    assert "[redacted]" in results[1] and "[redacted]" in caplog.text

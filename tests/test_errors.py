@@ -1,0 +1,97 @@
+"""Sentry events carry no configured secret, wherever in the event it landed."""
+
+import json
+import logging
+
+import sentry_sdk
+from tests_support import run_python
+
+from lib import errors
+
+SECRETS = {
+    "GITHUB_TOKEN": "sekret-TOKEN-1234",
+    "SLACK_BOT_TOKEN": "xoxb-sekret-SLACK-1234",
+    "ANTHROPIC_API_KEY": "sk-ant-sekret-ANTHROPIC-1234",
+    "APOLLO_API_KEY": "sekret-APOLLO-1234",
+}
+DB_PASSWORD = "pw-SEKRET-5678"
+
+
+def test_before_send_masks_the_configured_secrets_everywhere(sentry_events, monkeypatch):
+    for var, value in SECRETS.items():
+        monkeypatch.setenv(var, value)
+    monkeypatch.setenv("DATABASE_URL", f"postgresql://jobs:{DB_PASSWORD}@db.example:5432/jobs")
+    everything = " ".join([*SECRETS.values(), DB_PASSWORD])
+    # A log record becomes a breadcrumb of the next event.
+    logging.getLogger("jobs.test").warning("about to fail: %s", everything)
+    with sentry_sdk.new_scope() as scope:
+        scope.set_extra("url", f"postgresql://jobs:{DB_PASSWORD}@db.example:5432/jobs")
+        scope.set_context("request", {"headers": {"Authorization": "Bearer " + SECRETS["GITHUB_TOKEN"]}})
+        try:
+            try:
+                raise ValueError("inner " + SECRETS["APOLLO_API_KEY"])
+            except ValueError as inner:
+                raise RuntimeError(f"boom {everything}") from inner
+        except RuntimeError as exc:
+            errors.capture(exc, message=f"what: {everything}", token=SECRETS["SLACK_BOT_TOKEN"])
+    errors.capture_message(f"said: {everything}", key=SECRETS["ANTHROPIC_API_KEY"])
+
+    assert len(sentry_events) == 2
+    dump = json.dumps(sentry_events)
+    for secret in [*SECRETS.values(), DB_PASSWORD]:
+        assert secret not in dump
+    assert "[redacted]" in dump
+    # Masked, not dropped: the event still says what happened.
+    assert "boom [redacted]" in dump and "inner [redacted]" in dump
+
+
+def test_secrets_from_env_reads_the_tokens_and_the_database_password(monkeypatch):
+    for var, value in SECRETS.items():
+        monkeypatch.setenv(var, f" {value}\n")  # the clients strip them; so does this
+    monkeypatch.setenv("DATABASE_URL", "postgresql://jobs:p%40ss%2Fword@db.example/jobs")
+    found = errors.secrets_from_env()
+    assert set(SECRETS.values()) <= set(found)
+    # As libpq reads it, and as written in the URL.
+    assert {"p@ss/word", "p%40ss%2Fword"} <= set(found)
+
+    monkeypatch.setenv("DATABASE_URL", f"host=db.example user=jobs password={DB_PASSWORD} dbname=jobs")
+    assert DB_PASSWORD in errors.secrets_from_env()
+    monkeypatch.setenv("DATABASE_URL", f"postgresql://db.example/jobs?user=jobs&password={DB_PASSWORD}")
+    assert DB_PASSWORD in errors.secrets_from_env()
+    # A URL no parser accepts (urlsplit and libpq refuse it) still has its password found.
+    monkeypatch.setenv("DATABASE_URL", f"postgresql://jobs:{DB_PASSWORD}@[::1/jobs")
+    assert DB_PASSWORD in errors.secrets_from_env()
+    monkeypatch.delenv("DATABASE_URL")
+    for var in SECRETS:
+        monkeypatch.delenv(var)
+    assert errors.secrets_from_env() == []
+
+
+def test_mask_walks_every_container_and_leaves_the_rest():
+    event = {
+        "message": "a sekret-TOKEN-1234 b",
+        "list": [1, None, ("x", "sekret-TOKEN-1234")],
+        "nested": {"sekret-TOKEN-1234": {"deep": "'sekret-TOKEN-1234'"}},
+        "level": "error",
+    }
+    assert errors.mask(event, ["sekret-TOKEN-1234"]) == {
+        "message": "a [redacted] b",
+        "list": [1, None, ("x", "[redacted]")],
+        "nested": {"[redacted]": {"deep": "'[redacted]'"}},
+        "level": "error",
+    }
+
+
+_WITHOUT_GEVENT = """
+import sys
+sys.modules["gevent"] = sys.modules["greenlet"] = None  # as if not installed: importing them fails
+from lib import errors
+print(errors.mask({"m": ["a s3cr3t"]}, errors.secrets_from_env()))
+"""
+
+
+def test_errors_works_without_gevent():
+    """A guard, not a fix: a plain synchronous program may report through it."""
+    result = run_python(_WITHOUT_GEVENT, env={"GITHUB_TOKEN": "s3cr3t"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "{'m': ['a [redacted]']}"
