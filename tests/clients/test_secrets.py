@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import signal
+import subprocess
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -150,3 +154,57 @@ def test_the_token_goes_only_to_its_api_in_its_header(
     assert [where for where, text in places.items() if SECRET in text] == []
     # Masked, not dropped: what the API said is still there to read.
     assert "[redacted]" in results[1] and "[redacted]" in caplog.text
+
+
+def _with_password(url: str, password: str) -> str:
+    """url with a password in its userinfo (the test servers trust any)."""
+    scheme, rest = url.split("://", 1)
+    userinfo, _, hostpart = rest.rpartition("@")
+    user = (userinfo or "postgres").split(":", 1)[0]
+    return f"{scheme}://{user}:{password}@{hostpart}"
+
+
+def test_a_real_worker_keeps_every_secret_to_itself(db, database_url, fake_api, tmp_path):
+    """The real worker.py, end to end: a database password, a token with a
+    line break (its queue is off) and a good token whose API echoes it in a
+    failure. None of them is in the worker's output, any job row, any body a
+    real Sentry-protocol endpoint received, or any header but the token's own."""
+    from sentry_server import SentryServer
+    from tests_support import ROOT, wait_for
+
+    db_password, bad_token = "SEKRET-db-9876", "SEKRET-gh-5555\nX-Injected: 1"
+    sentry = SentryServer()
+    fake_api.reply(500, {"ok": False, "error": f"token {SECRET} rejected by upstream"})
+    insert(db, "slack", "slack.PostMessage", {"channel": "C1", "text": "hi"})
+    insert(db, "github", "github.FetchRepo", {"owner": "octo", "repo": "hello"})
+    env = {k: v for k, v in os.environ.items() if not k.endswith(("_TOKEN", "_API_KEY", "_BASE_URL"))}
+    env.update(
+        DATABASE_URL=_with_password(database_url, db_password),
+        SENTRY_DSN=sentry.dsn,
+        SLACK_BOT_TOKEN=SECRET,
+        SLACK_BASE_URL=fake_api.url,
+        GITHUB_TOKEN=bad_token,
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "worker.py"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        wait_for(lambda: db.query_row("SELECT status FROM jobs WHERE queue = 'slack'")[0].startswith("err:"), 30)
+        wait_for(lambda: sentry.events, 10)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+        sentry.close()
+    assert proc.returncode == 0, out
+    assert "queue=github is off: GITHUB_TOKEN holds U+000A" in out
+    rows = " ".join(r[0] for r in db.query("SELECT row_to_json(j)::text FROM jobs j"))
+    bodies = b" ".join(sentry.bodies).decode()
+    headers = [{k: v for k, v in r.headers.items() if k != "authorization"} for r in fake_api.received]
+    leaks = {
+        where: [s for s in (SECRET, db_password, "SEKRET-gh-5555") if s in text]
+        for where, text in (("output", out), ("rows", rows), ("sentry", bodies), ("headers", json.dumps(headers)))
+    }
+    assert leaks == {"output": [], "rows": [], "sentry": [], "headers": []}
+    assert [r.headers["authorization"] for r in fake_api.received] == [f"Bearer {SECRET}"]
+    assert "sentry-trace" not in json.dumps(headers)
