@@ -426,9 +426,7 @@ class Poller:
 
         gevent.get_hub().loop.run_callback(throw)
 
-    def _fenced(
-        self, job: PendingJob, slot: int, stop: Event | None, wakeup: Event | None
-    ) -> tuple[str, Looked | None]:
+    def _fenced(self, job: PendingJob, slot: int) -> tuple[str, Looked | None]:
         self.running.pop(slot, None)
         self.leases.release(job.id)
         self._abandoned.add(job.id)

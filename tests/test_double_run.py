@@ -49,11 +49,13 @@ class Workers:
         return proc.pid
 
     def stop(self) -> None:
-        """Each is still running, and exits 0 on SIGTERM."""
+        """Each is still running, exits 0 on SIGTERM, and no part of it died
+        on the way (a supervised restart would hide a bug)."""
         for proc, log_path in self.procs:
             assert proc.poll() is None, log_path.read_text()[-3000:]
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(timeout=30) == 0, log_path.read_text()[-3000:]
+            assert " died: " not in log_path.read_text(), log_path.read_text()[-3000:]
 
 
 @contextmanager

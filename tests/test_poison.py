@@ -102,6 +102,8 @@ def test_each_bad_row_ends_with_its_reason_and_the_queue_goes_on(poison_db, data
         assert [r[0] for r in db.query("SELECT job_id FROM poison_runs ORDER BY n")] == good
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
+        # No part died on the way: a supervised restart would hide a bug.
+        assert " died: " not in log_file.read_text(), log_file.read_text()[-3000:]
     finally:
         proc.kill()
     events = [json.loads(line) for line in events_file.read_text().splitlines()]
