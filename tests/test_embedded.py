@@ -20,6 +20,7 @@ from pathlib import Path
 
 import psycopg2
 import pytest
+from packaging.requirements import Requirement
 
 from lib import embedded
 
@@ -252,6 +253,18 @@ def test_without_any_postgresql_one_message_says_what_to_install(monkeypatch, tm
     message = str(missing.value)
     assert "pgserver" in message and "PostgreSQL" in message and "DATABASE_URL" in message
     assert not (tmp_path / "pgdata").exists()
+
+
+def test_pgserver_is_required_only_where_it_has_a_wheel():
+    """pgserver 0.1.4 has wheels for CPython 3.9-3.12 and no sdist: on 3.13
+    pip must skip it (the machine's PostgreSQL serves there) instead of failing."""
+    lines = (ROOT / "requirements.txt").read_text().splitlines()
+    reqs = {r.name: r for r in (Requirement(line) for line in lines if line.strip() and not line.startswith("#"))}
+    marker = reqs["pgserver"].marker
+    assert marker is not None
+    assert marker.evaluate({"python_version": "3.12"})
+    assert not marker.evaluate({"python_version": "3.13"})
+    assert all(r.marker is None for name, r in reqs.items() if name != "pgserver")
 
 
 def test_falls_back_to_a_postgres_found_on_the_machine(monkeypatch, base):
