@@ -104,14 +104,16 @@ def start(data_dir: Path) -> str:
     with _locked(data_dir):
         pgdata = data_dir / source
         socket_dir = _socket_dir(data_dir, source, user)
-        if not _running(pgdata, socket_dir):
+        running = _running(pgdata, socket_dir)
+        if not running:
             if user is not None:
                 _own_tree(pgdata, user)
             if not (pgdata / "PG_VERSION").exists():
                 _initdb(bindir, pgdata, user)
             _launch(bindir, pgdata, socket_dir, data_dir / f"{source}.log", user)
-            log.info("embedded Postgres (%s) started in %s", bindir, pgdata)
         _hold(data_dir)
+    how = "running" if running else "started"
+    log.info("embedded Postgres %s in %s (binaries: %s; socket in %s)", how, pgdata, bindir, socket_dir)
     return f"postgresql://postgres@/postgres?host={quote(str(socket_dir), safe='')}&port={PORT}"
 
 
