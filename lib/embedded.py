@@ -398,12 +398,14 @@ def _stop(pgdata: Path) -> None:
             try:
                 os.kill(info.pid, sig)
             except ProcessLookupError:
-                break
+                break  # a crash left the file; the next start replaces it
             deadline = time.monotonic() + STOP_TIMEOUT
             while (pgdata / "postmaster.pid").exists() and time.monotonic() < deadline:
                 time.sleep(0.05)
             if not (pgdata / "postmaster.pid").exists():
                 break
+        else:
+            raise RuntimeError(f"the embedded server in {pgdata} (pid {info.pid}) did not stop")
     child = _children.pop(pgdata, None)
     if child is not None:
         child.wait()
