@@ -7,8 +7,9 @@ VALUES (%(id)s, %(host)s, %(pid)s::int, %(queues)s::text[], %(started_at)s::time
 ON CONFLICT (id) DO UPDATE SET last_seen = excluded.last_seen
 
 -- name: worker_remove
--- Take a worker that stopped cleanly out of the registry.
-DELETE FROM workers WHERE id = %(id)s
+-- Take a worker that stopped cleanly out of the registry, unless a started row still names it.
+DELETE FROM workers w
+WHERE id = %(id)s AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.status = 'started' AND j.worker_id = w.id)
 
 -- name: worker_forget
 -- Delete the rows of workers unseen for the given days, except one still named by a started row: the registry is what names that dead holder.
