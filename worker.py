@@ -48,7 +48,7 @@ def main(registry: Registry, argv: Sequence[str] | None = None, schedule: Sequen
         print(f"worker: {exc}", file=sys.stderr)
         return 2
     args = _parser(settings).parse_args(argv)
-    logs.setup(settings.log_level)
+    logs.setup(settings.log_level, settings.log_format)
     errors.init()
     if args.command == "check":
         # Needs no database: it reads the code, the SQL files and the schedule.
