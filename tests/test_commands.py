@@ -216,6 +216,24 @@ def test_a_dry_run_says_which_copies_it_would_skip(db, cli):
     assert db.query_row("SELECT count(*) FROM jobs WHERE status = 'pending'") == (0,)
 
 
+def test_across_batches_the_newest_failure_of_a_deduped_job_is_the_one_redriven(db, cli, monkeypatch):
+    """Copies of one job may fall in different batches: the newest failure,
+    in the first batch, comes back, and the older copy is skipped for it."""
+    monkeypatch.setattr(commands, "REDRIVE_BATCH", 1)
+    db.exec("INSERT INTO job_dedupe_names VALUES ('maintenance', 'maintenance.CleanUpJobs')")
+    older = _job(
+        db, "maintenance", "maintenance.CleanUpJobs", "err: boom", attempts=1, finished_at="now() - interval '1 minute'"
+    )
+    newer = _job(db, "maintenance", "maintenance.CleanUpJobs", "err: boom", attempts=1, finished_at="now()")
+    code, out, err = cli("redrive", "--queue", "maintenance")
+    assert code == 0, err
+    assert out.splitlines() == [
+        f"redrove 1 jobs: {newer}",
+        "skipped 1 jobs:",
+        f"  {older}: job {newer}, a copy of it, is already pending or started",
+    ]
+
+
 class _Terminal(io.StringIO):
     def isatty(self) -> bool:
         return True

@@ -61,6 +61,14 @@ def test_queue_stats_lists_named_and_paused_queues_with_zeros(db):
     assert got["t"].throttled_until > datetime.now(UTC) and got["t"].paused_until is None
 
 
+def test_a_queue_with_only_delayed_rows_has_no_due_age_and_a_past_throttle_is_not_shown(db):
+    _plant(db, "later", "pending", run_at="now() + interval '1 hour'")
+    db.exec("INSERT INTO job_queues (queue, next_claim_at) VALUES ('later', now() - interval '1 second')")
+    [later] = stats.queue_stats(db)
+    assert (later.pending, later.due, later.delayed, later.oldest_due_age_s) == (1, 0, 1, None)
+    assert later.throttled_until is None
+
+
 def test_queue_stats_stays_on_indexes_with_a_million_finished_rows(db, database_url):
     """The pool runs the query prepared and Postgres soon keeps a generic
     plan; that plan is forced and explained. The finished rows are read only
