@@ -180,7 +180,7 @@ def enqueue(
         print(f"enqueue: no worker runs job {args.name} on queue {args.queue} ({why})", file=err)
         return 2
     try:
-        job_id = insert(
+        job_id = insert(  # registry-check: names checked at run time
             db,
             args.queue,
             args.name,
@@ -206,7 +206,7 @@ def cancel(db: Any, args: argparse.Namespace, out: IO[str]) -> int:
     the exit code is then 1, so a script sees that not all were cancelled."""
     ids = sorted(set(args.ids))
     done = sorted(i for (i,) in db.query(Q.job_cancel, {"ids": ids, "status": st.skip("cancelled by operator")}))
-    rest = [i for i in ids if i not in set(done)]
+    rest = sorted(set(ids) - set(done))
     # Read after the update: a job claimed meanwhile shows as started, not as the pending it was.
     statuses = dict(db.query(Q.job_statuses, {"ids": rest})) if rest else {}
     left = {i: statuses.get(i) for i in rest}
