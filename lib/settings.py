@@ -18,13 +18,16 @@ import psycopg2.extensions
 DEFAULT_SHUTDOWN_WINDOW = 30.0
 DEFAULT_LEASE_SECONDS = 30.0
 MASK = "***"
-LOG_FORMATS = ("text", "json")
 
 # The password of a URL (scheme://user:password@host) or a key/value DSN
 # (password=... or password='...'), as written: it may be malformed itself.
 _URL = re.compile(r"^[a-z][a-z0-9+.-]*://", re.IGNORECASE)
 _QUERY_PASSWORD = re.compile(r"[?&]password=([^&#]*)")
 _KV_PASSWORD = re.compile(r"(?:^|\s)password\s*=\s*(?:'(?P<quoted>(?:[^'\\]|\\.)*)'|(?P<bare>\S+))")
+
+
+# LOG_FORMAT: readable lines, or one JSON object per line (lib/logs.py).
+LOG_FORMATS = ("text", "json")
 
 
 class SettingError(ValueError):
