@@ -3,9 +3,11 @@ from gevent import monkey
 monkey.patch_all()  # first: every later import must see the cooperative stdlib
 
 import argparse  # noqa: E402
+import json  # noqa: E402
 import logging  # noqa: E402
 import math  # noqa: E402
 import os  # noqa: E402
+import re  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
 from collections.abc import Callable, Sequence  # noqa: E402
@@ -16,7 +18,7 @@ from pathlib import Path  # noqa: E402
 import gevent  # noqa: E402
 from gevent.event import Event  # noqa: E402
 
-from lib import blocked, embedded, errors, logs, registry_check  # noqa: E402
+from lib import blocked, commands, embedded, errors, logs, registry_check, workers  # noqa: E402
 from lib.clock import Clock, Scheduled  # noqa: E402
 from lib.db import DB, is_conn_failure  # noqa: E402
 from lib.errors import Outage  # noqa: E402
@@ -24,7 +26,6 @@ from lib.leases import Leases  # noqa: E402
 from lib.migrate import migrate  # noqa: E402
 from lib.poller import FINALIZING, Poller  # noqa: E402
 from lib.queue_state import AUTH_PREFIX, pause, resume  # noqa: E402
-from lib.redrive import redrive  # noqa: E402
 from lib.settings import DEFAULT_LEASE_SECONDS, DEFAULT_SHUTDOWN_WINDOW, SettingError, Settings  # noqa: E402
 from lib.sql import Q  # noqa: E402
 from lib.supervise import Supervisor  # noqa: E402
@@ -47,12 +48,15 @@ def main(registry: Registry, argv: Sequence[str] | None = None, schedule: Sequen
         print(f"worker: {exc}", file=sys.stderr)
         return 2
     args = _parser(settings).parse_args(argv)
-    logs.setup(settings.log_level)
+    logs.setup(settings.log_level, settings.log_format)
     errors.init()
     if args.command == "check":
         # Needs no database: it reads the code, the SQL files and the schedule.
         return registry_check.main(list(registry), list(schedule), Path(__file__).resolve().parent)
     url = settings.database_url or embedded.database_url()
+    if args.command == "db-url":
+        # Only the URL: no pool, no migration.
+        return commands.db_url(url, args, sys.stdout)
     db = _connect(url, size=len(registry) + POOL_BUFFER)
     try:
         migrate(db)
@@ -60,7 +64,7 @@ def main(registry: Registry, argv: Sequence[str] | None = None, schedule: Sequen
             return run(
                 db, registry, shutdown_window=args.shutdown_window, lease=settings.lease_seconds, schedule=schedule
             )
-        return _operate(db, args)
+        return _operate(db, args, registry)
     finally:
         db.close()
 
@@ -101,10 +105,31 @@ def _parser(settings: Settings) -> argparse.ArgumentParser:
     pause_.add_argument("--minutes", type=_minutes, help="end the pause by itself after this long (default: never)")
     resume_ = commands.add_parser("resume", help="end a queue's pause")
     resume_.add_argument("queue", type=_text)
-    redrive_ = commands.add_parser("redrive", help="give failed (err:) jobs another attempt")
+    redrive_ = commands.add_parser("redrive", aliases=["retry"], help="give failed (err:) jobs another attempt")
     redrive_.add_argument("--queue", type=_text)
     redrive_.add_argument("--name", type=_text)
     redrive_.add_argument("--id", type=_job_id, nargs="+", action="extend", dest="ids", metavar="ID")
+    redrive_.add_argument("--since", type=_duration, help="only jobs that failed within this long (30m, 1h, 2d)")
+    redrive_.add_argument("--dry-run", action="store_true", help="say what would be done, change nothing")
+    status_ = commands.add_parser("status", help="every queue and every worker, as the table shows them now")
+    failed_ = commands.add_parser("failed", help="failed (err:) jobs, newest first (never their args)")
+    failed_.add_argument("--queue", type=_text)
+    failed_.add_argument("--name", type=_text)
+    failed_.add_argument("--since", type=_duration, help="only jobs that failed within this long (30m, 1h, 2d)")
+    failed_.add_argument("--limit", type=_limit, default=50, help="at most this many (default %(default)s)")
+    show_ = commands.add_parser("show", help="one job in full, its args included")
+    show_.add_argument("id", type=_job_id)
+    enqueue_ = commands.add_parser("enqueue", help="enqueue one job (its callsite is recorded as cli)")
+    enqueue_.add_argument("queue", type=_text)
+    enqueue_.add_argument("name", type=_text)
+    enqueue_.add_argument("args", type=_json_object, nargs="?", help="a JSON object (default {})")
+    enqueue_.add_argument("--run-at", type=_instant, help="not before this ISO time with a zone (2026-05-01T14:00Z)")
+    enqueue_.add_argument("--priority", type=_priority, default=0, help="higher runs first (default 0)")
+    cancel_ = commands.add_parser("cancel", help="end pending jobs as cancelled; others are left alone and named")
+    cancel_.add_argument("ids", type=_job_id, nargs="+", metavar="ID")
+    db_url = commands.add_parser("db-url", help="the URL of the database the worker uses, password masked")
+    for command in (redrive_, status_, failed_, show_, enqueue_, cancel_, db_url):
+        command.add_argument("--json", action="store_true", help="print JSON, for scripts")
     return parser
 
 
@@ -152,26 +177,84 @@ def _text(text: str) -> str:
     return text
 
 
-def _operate(db: DB, args: argparse.Namespace) -> int:
-    """The operator's commands; each prints what it did."""
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _duration(text: str) -> float:
+    match = _DURATION.fullmatch(text.strip())
+    seconds = float(match[1]) * _UNITS[match[2]] if match else 0.0
+    # Bounded so the database's interval arithmetic cannot overflow on a slip.
+    if not 0 < seconds <= 36500 * 86400:
+        raise argparse.ArgumentTypeError(f"a duration like 30m, 1h or 2d (at most 36500d), got {text!r}")
+    return seconds
+
+
+def _limit(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= 10000:
+        raise argparse.ArgumentTypeError(f"a whole number from 1 to 10000, got {text!r}")
+    return value
+
+
+def _priority(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a whole number, got {text!r}") from None
+    if not -(2**31) <= value < 2**31:  # the column is an int
+        raise argparse.ArgumentTypeError(f"a priority within a 32-bit integer, got {text!r}")
+    return value
+
+
+def _instant(text: str) -> datetime:
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        value = None
+    # A time without a zone would mean whatever the host's zone is: refused, as lib.insert refuses it.
+    if value is None or value.tzinfo is None:
+        raise argparse.ArgumentTypeError(f"an ISO time with a zone, like 2026-05-01T14:00:00Z, got {text!r}")
+    return value
+
+
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"a JSON object, got {text!r} ({exc})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"a JSON object, got {type(value).__name__} {text!r}")
+    return value
+
+
+def _operate(db: DB, args: argparse.Namespace, registry: Registry) -> int:
+    """The operator's commands; each prints what it did (lib/commands.py)."""
+    out, err = sys.stdout, sys.stderr
+    if args.command in ("redrive", "retry"):
+        return commands.redrive_failed(db, args, out, err)
+    if args.command == "failed":
+        return commands.failed(db, args, out)
+    if args.command == "show":
+        return commands.show(db, args, out, err)
+    if args.command == "cancel":
+        return commands.cancel(db, args, out)
+    if args.command in ("status", "enqueue"):
+        # The registry's queues and their job names, from the constructors
+        # alone: a queue with no rows yet is listed, a job no queue runs refused.
+        handled = registry_check.handled(registry, [])
+        if args.command == "status":
+            return commands.status(db, args, out, queues=handled)
+        return commands.enqueue(db, args, out, err, handled=handled)
     if args.command == "pause":
         until = datetime.now(UTC) + timedelta(minutes=args.minutes) if args.minutes else None
         pause(db, args.queue, args.reason, until)
         print(f"paused {args.queue} until {until or 'resumed'}: {args.reason}")
     elif args.command == "resume":
         print(f"resumed {args.queue}" if resume(db, args.queue) else f"{args.queue} was not paused")
-    elif args.command == "redrive":
-        try:
-            done = redrive(db, ids=args.ids, queue=args.queue, name=args.name)
-        except ValueError as exc:
-            print(f"redrive: {exc}", file=sys.stderr)
-            return 2
-        ids = done.redriven
-        print(f"redrove {len(ids)} jobs" + (f": {', '.join(map(str, ids))}" if ids else ""))
-        if done.skipped:
-            print(f"skipped {len(done.skipped)} jobs:")
-            for job_id, why in done.skipped.items():
-                print(f"  {job_id}: {why}")
     return 0
 
 
@@ -195,6 +278,7 @@ def run(
     pollers = _start_pollers(db, registry)
     leases = Leases(db, lease=lease, legacy_age=max((p.job_timeout for p in pollers), default=600.0) + 60)
     leases.outage = outage
+    leases.seen = workers.register(db, leases.worker_id, [p.queue for p in pollers], leases.lease)
     for poller in pollers:
         poller.outage = outage
         poller.leases = leases
@@ -227,6 +311,7 @@ def run(
         gevent.killall(left, timeout=10)
     FINALIZING.join(timeout=30)
     gevent.killall(helpers)
+    workers.unregister(db, leases.worker_id)
     log.info("stopped")
     return 0
 

@@ -50,16 +50,19 @@ def insert(
     run_at: datetime | None = None,
     priority: int = 0,
     max_attempts: int | None = None,
+    callsite: str | None = None,
 ) -> int | None:
     """Write one job; its id, or None when a unique (dedupe) index suppressed it.
 
     db is the project's DB (or a transaction of it), a psycopg2 connection or
     cursor, or a psycopg 3 connection or cursor. args is a mapping or a
     dataclass instance; enqueue only the keys you set, since args is part of
-    the dedupe key. max_attempts None means the queue's own setting.
+    the dedupe key. max_attempts None means the queue's own setting. callsite
+    names the writer in the row; None: the caller's file:line (a command that
+    enqueues for a person names itself instead, "cli").
     """
     row = _row(Job(queue, name, args, run_at, priority, max_attempts))
-    found = _fetch(db, Q.job_insert, {**row, "callsite": _callsite()}, one=True)
+    found = _fetch(db, Q.job_insert, {**row, "callsite": callsite or _callsite()}, one=True)
     return found[0][0] if found else None
 
 

@@ -1,11 +1,19 @@
 """The worker's log: one event, one line. Messages carry names and texts read
 from job rows and from servers; a newline or another control character in one
-of them must not start a line that looks like the worker's own."""
+of them must not start a line that looks like the worker's own.
+
+LOG_FORMAT=json writes each event as one JSON object (JSON escapes every
+control character), with the fields a call passes in `extra=` as keys of
+their own: the per-job line gives queue, job, id, status, latency, duration
+and worker, so a log pipeline need not parse the message.
+"""
 
 from __future__ import annotations
 
 import logging
 import re
+
+from pythonjsonlogger.json import JsonFormatter
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 
@@ -29,7 +37,18 @@ class OneLineFormatter(logging.Formatter):
             record.msg, record.args = msg, args
 
 
-def setup(level: str) -> None:
+def json_formatter() -> logging.Formatter:
+    """One JSON object per event: time (ISO, UTC), level, logger, message, any
+    extra fields, and a traceback as exc_info."""
+    return JsonFormatter(
+        "{levelname}{name}{message}",
+        style="{",
+        rename_fields={"levelname": "level", "name": "logger"},
+        timestamp="time",
+    )
+
+
+def setup(level: str, fmt: str = "text") -> None:
     handler = logging.StreamHandler()
-    handler.setFormatter(OneLineFormatter(FORMAT))
+    handler.setFormatter(json_formatter() if fmt == "json" else OneLineFormatter(FORMAT))
     logging.basicConfig(level=level, handlers=[handler])

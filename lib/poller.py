@@ -408,6 +408,16 @@ class Poller:
             shown,
             job.latency,
             elapsed,
+            # The same fields as keys of their own, for LOG_FORMAT=json (lib/logs.py).
+            extra={
+                "queue": self.queue,
+                "job": job.name,
+                "id": job.id,
+                "status": shown,
+                "latency": round(job.latency, 3),
+                "duration": round(elapsed, 3),
+                "worker": self.leases.worker_id,
+            },
         )
         if delay > 0:
             (stop or Event()).wait(delay)

@@ -25,6 +25,10 @@ _QUERY_PASSWORD = re.compile(r"[?&]password=([^&#]*)")
 _KV_PASSWORD = re.compile(r"(?:^|\s)password\s*=\s*(?:'(?P<quoted>(?:[^'\\]|\\.)*)'|(?P<bare>\S+))")
 
 
+# LOG_FORMAT: readable lines, or one JSON object per line (lib/logs.py).
+LOG_FORMATS = ("text", "json")
+
+
 class SettingError(ValueError):
     """A setting that cannot be used; the message names it and never holds a secret."""
 
@@ -35,6 +39,7 @@ class Settings:
     shutdown_window: float = DEFAULT_SHUTDOWN_WINDOW
     lease_seconds: float = DEFAULT_LEASE_SECONDS
     log_level: str = "INFO"
+    log_format: str = "text"  # or "json": one JSON object per line
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
@@ -44,6 +49,9 @@ class Settings:
         level = env.get("LOG_LEVEL", "INFO").strip().upper() or "INFO"
         if not isinstance(logging.getLevelName(level), int):
             raise SettingError(f"LOG_LEVEL must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL, got {level!r}")
+        log_format = env.get("LOG_FORMAT", "text").strip().lower() or "text"
+        if log_format not in LOG_FORMATS:
+            raise SettingError(f"LOG_FORMAT must be text or json, got {env.get('LOG_FORMAT')!r}")
         return cls(
             database_url=url,
             shutdown_window=seconds(
@@ -51,13 +59,14 @@ class Settings:
             ),
             lease_seconds=seconds("JOBS_LEASE_SECONDS", env.get("JOBS_LEASE_SECONDS"), DEFAULT_LEASE_SECONDS, low=1),
             log_level=level,
+            log_format=log_format,
         )
 
     def __repr__(self) -> str:
         url = masked_dsn(self.database_url) if self.database_url else None
         return (
             f"Settings(database_url={url!r}, shutdown_window={self.shutdown_window!r}, "
-            f"lease_seconds={self.lease_seconds!r}, log_level={self.log_level!r})"
+            f"lease_seconds={self.lease_seconds!r}, log_level={self.log_level!r}, log_format={self.log_format!r})"
         )
 
 

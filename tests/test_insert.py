@@ -83,6 +83,11 @@ def test_callsite_is_relative_to_the_repo_root(db):
     assert callsite.startswith("tests/test_insert.py:")
 
 
+def test_an_explicit_callsite_names_the_writer_instead(db):
+    job_id = insert(db, "q", "q.N", callsite="cli")
+    assert db.query_row("SELECT callsite FROM jobs WHERE id = %s", (job_id,)) == ("cli",)
+
+
 def test_dataclass_args_and_defaults(db):
     @dataclass
     class Args:

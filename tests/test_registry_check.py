@@ -128,6 +128,13 @@ def test_a_handled_tree_passes(tmp_path, capsys):
     assert capsys.readouterr().out == "registry check ok: 3 writers name 2 jobs, all handled by 1 queues\n"
 
 
+def test_a_call_marked_as_checked_at_run_time_is_not_a_warning(tmp_path):
+    marked = "insert(db, args.queue, args.name)  # registry-check: names checked at run time\n"
+    root = plant(tmp_path, {"lib/a.py": marked, "lib/b.py": "insert(db, args.queue, args.name)\n"})
+    report = check([known], [], root)
+    assert report.problems == [] and [w.split(":")[0] for w in report.warnings] == ["lib/b.py"]
+
+
 def test_an_aliased_enqueue_is_read_and_a_local_definition_is_not(tmp_path):
     root = plant(
         tmp_path,

@@ -77,6 +77,7 @@ def test_the_password_is_found_and_masked_in_every_form_of_dsn():
         ("JOBS_SHUTDOWN_WINDOW", "-1"),
         ("JOBS_SHUTDOWN_WINDOW", "inf"),
         ("LOG_LEVEL", "LOUD"),
+        ("LOG_FORMAT", "xml"),
     ],
 )
 def test_a_bad_setting_stops_the_worker_with_its_name(name, value):

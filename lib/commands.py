@@ -1,0 +1,374 @@
+"""The operator's commands (`python worker.py COMMAND`): one function each,
+taking the pool and the parsed arguments, printing to the stream given, and
+returning the exit code. worker.py holds only their parsers (which check
+every value) and the dispatch.
+
+Each prints a table for a person, or JSON with --json for a script. None
+prints a job's args except `show`, which is asked for one job in full: args
+may hold what the people who read a status screen should not see.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import IO, Any
+
+from tqdm import tqdm
+
+from lib import status as st
+from lib.insert import InvalidJob, insert
+from lib.logs import one_line
+from lib.redrive import RedriveResult, redrive
+from lib.settings import masked_dsn
+from lib.sql import Q
+from lib.stats import QueueStats, WorkerInfo, queue_stats, workers
+
+# What a job enqueued from the command line records as its writer.
+CLI_CALLSITE = "cli"
+# Redrive works through this many jobs per statement: each batch commits on
+# its own (an interrupted redrive keeps what it did) and moves the progress bar.
+REDRIVE_BATCH = 500
+# The longest status the failed table shows; --json and show give it whole.
+STATUS_WIDTH = 100
+# A redrive lists at most this many ids on its summary line.
+LISTED_IDS = 50
+# A pause until resumed is stored as infinity, which the driver reads as this.
+FOREVER = datetime.max.replace(tzinfo=UTC)
+
+
+def status(db: Any, args: argparse.Namespace, out: IO[str], *, queues: Iterable[str] = ()) -> int:
+    """Every queue (those with rows or state, and the registry's queues given),
+    then the live workers and the dead ones still holding started rows."""
+    found = queue_stats(db, queues)
+    known = workers(db)
+    if args.json:
+        _json(out, {"queues": [_queue_json(s) for s in found], "workers": [_worker_json(w) for w in known]})
+        return 0
+    now = datetime.now(UTC)
+    headers = ["queue", "pending", "due", "delayed", "running", "oldest due"]
+    headers += [f"{k} 1h" for k in ("ok", "fail", "skip", "err")] + ["retrying", "throttled until", "paused"]
+    rows = [
+        [
+            s.queue,
+            s.pending,
+            s.due,
+            s.delayed,
+            s.running,
+            _age(s.oldest_due_age_s),
+            *(s.done_1h[k] for k in ("ok", "fail", "skip", "err")),
+            s.retrying,
+            _time(s.throttled_until),
+            _pause(s),
+        ]
+        for s in found
+    ]
+    if rows:
+        _table(out, headers, rows)
+    else:
+        print("no queues", file=out)
+    live = [w for w in known if w.alive]
+    dead = [w for w in known if not w.alive]
+    print(f"\nlive workers: {len(live)}", file=out)
+    if live:
+        _table(out, ["id", "host", "pid", "started", "last seen", "queues"], [_worker_row(w, now) for w in live])
+    if dead:
+        print(f"\ndead workers still holding started rows: {len(dead)}", file=out)
+        headers = ["id", "host", "pid", "started", "last seen", "holding", "queues"]
+        _table(out, headers, [_worker_row(w, now, holding=True) for w in dead])
+    return 0
+
+
+def failed(db: Any, args: argparse.Namespace, out: IO[str]) -> int:
+    """err: jobs, newest first; args never shown."""
+    rows = _failed(db, queue=args.queue, name=args.name, since=args.since, limit=args.limit)
+    if args.json:
+        keys = ("id", "queue", "name", "attempts", "finished", "callsite", "status")
+        _json(out, [dict(zip(keys, row, strict=True)) for row in rows])
+        return 0
+    if not rows:
+        print("no failed jobs", file=out)
+        return 0
+    _table(
+        out,
+        ["id", "queue", "name", "attempts", "finished", "callsite", "status"],
+        [[i, q, n, a, _time(f), c or "-", _cut(s, STATUS_WIDTH)] for i, q, n, a, f, c, s in rows],
+    )
+    return 0
+
+
+def show(db: Any, args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    """One job in full, args included: asked for by id."""
+    row = db.query_row(Q.job_get, {"id": args.id})
+    if row is None:
+        print(f"show: no job {args.id}", file=err)
+        return 1
+    keys = ("id", "queue", "name", "status", "args", "priority", "run_at", "attempts", "max_attempts")
+    keys += ("last_error", "callsite", "worker_id", "slot", "lease_until", "dedupe")
+    keys += ("created_at", "started_at", "finished_at")
+    job = dict(zip(keys, row, strict=True))
+    if args.json:
+        _json(out, job)
+        return 0
+    width = max(map(len, keys)) + 2
+    for key, value in job.items():
+        if key != "args":
+            shown = _time(value) if isinstance(value, datetime) else one_line(str(value)) if value is not None else "-"
+            print(f"{key:<{width}}{shown}", file=out)
+    print("args:", file=out)
+    print(json.dumps(job["args"], indent=2, ensure_ascii=False, sort_keys=True), file=out)
+    return 0
+
+
+def redrive_failed(db: Any, args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    """lib.redrive over the err: jobs the filters choose, in batches, newest
+    failure first (so of a deduped job's copies the newest is the one that
+    comes back, as in a single redrive). --dry-run does the same inside a
+    transaction it rolls back: the answer is the real one, and nothing changes."""
+    if not (args.ids or args.queue or args.name or args.since):
+        print("redrive: needs ids, a queue or a name (or --since)", file=err)
+        return 2
+    ids = [row[0] for row in _failed(db, ids=args.ids, queue=args.queue, name=args.name, since=args.since)]
+    bar = tqdm(
+        total=len(ids),
+        unit="job",
+        desc="checking" if args.dry_run else "redriving",
+        file=out,
+        # A bar only for a person watching a long run; a script reads the summary.
+        disable=not (_is_tty(out) and len(ids) > REDRIVE_BATCH),
+    )
+    result = RedriveResult()
+    with bar:
+        if args.dry_run:
+            with _rolled_back(db) as tx:
+                _redrive_batches(tx, ids, result, bar)
+        else:
+            _redrive_batches(db, ids, result, bar)
+    result.redriven.sort()
+    result.skipped = dict(sorted(result.skipped.items()))
+    if args.json:
+        skipped = [{"id": i, "why": why} for i, why in result.skipped.items()]
+        _json(out, {"dry_run": args.dry_run, "redriven": result.redriven, "skipped": skipped})
+        return 0
+    would = "would " if args.dry_run else ""
+    verb = "redrive" if args.dry_run else "redrove"
+    print(f"{would}{verb} {len(result.redriven)} jobs{_ids(result.redriven)}", file=out)
+    if result.skipped:
+        print(f"{would}{'skip' if args.dry_run else 'skipped'} {len(result.skipped)} jobs:", file=out)
+        for job_id, why in result.skipped.items():
+            print(f"  {job_id}: {why}", file=out)
+    if args.dry_run:
+        print("dry run: nothing was changed", file=out)
+    return 0
+
+
+def enqueue(
+    db: Any,
+    args: argparse.Namespace,
+    out: IO[str],
+    err: IO[str],
+    *,
+    handled: Mapping[str, Collection[str]] | None = None,
+) -> int:
+    """One job through lib.insert, recorded as written by the command line.
+    A job no registered queue handles is refused: its row would wait for ever."""
+    if handled is not None and args.name not in handled.get(args.queue, ()):
+        why = "no such queue is registered" if args.queue not in handled else f"queue {args.queue} does not handle it"
+        print(f"enqueue: no worker runs job {args.name} on queue {args.queue} ({why})", file=err)
+        return 2
+    try:
+        job_id = insert(  # registry-check: names checked at run time
+            db,
+            args.queue,
+            args.name,
+            args.args,
+            run_at=args.run_at,
+            priority=args.priority,
+            callsite=CLI_CALLSITE,
+        )
+    except InvalidJob as exc:
+        print(f"enqueue: {exc}", file=err)
+        return 2
+    if args.json:
+        _json(out, {"id": job_id})
+    elif job_id is None:
+        print(f"not enqueued: a copy of {args.name} with these args is already pending or started", file=out)
+    else:
+        print(f"enqueued job {job_id}: queue={args.queue} job={args.name}", file=out)
+    return 0
+
+
+def cancel(db: Any, args: argparse.Namespace, out: IO[str]) -> int:
+    """End pending jobs as cancelled; any other is left alone and named, and
+    the exit code is then 1, so a script sees that not all were cancelled."""
+    ids = sorted(set(args.ids))
+    done = sorted(i for (i,) in db.query(Q.job_cancel, {"ids": ids, "status": st.skip("cancelled by operator")}))
+    rest = sorted(set(ids) - set(done))
+    # Read after the update: a job claimed meanwhile shows as started, not as the pending it was.
+    statuses = dict(db.query(Q.job_statuses, {"ids": rest})) if rest else {}
+    left = {i: statuses.get(i) for i in rest}
+    if args.json:
+        _json(out, {"cancelled": done, "left": [{"id": i, "status": s} for i, s in left.items()]})
+    else:
+        print(f"cancelled {len(done)} jobs{_ids(done)}", file=out)
+        if left:
+            print(f"left {len(left)} jobs alone, not pending:", file=out)
+            for job_id, was in left.items():
+                print(f"  {job_id}: {_cut(was, STATUS_WIDTH) if was is not None else 'no such job'}", file=out)
+    return 1 if left else 0
+
+
+def db_url(url: str, args: argparse.Namespace, out: IO[str]) -> int:
+    """The database the worker uses, password masked; for the embedded server
+    its socket URL, which psql takes as it is."""
+    shown = masked_dsn(url)
+    if args.json:
+        _json(out, {"url": shown})
+    else:
+        print(shown, file=out)
+    return 0
+
+
+# Helpers
+
+
+def _failed(
+    db: Any,
+    *,
+    ids: Sequence[int] | None = None,
+    queue: str | None = None,
+    name: str | None = None,
+    since: float | None = None,
+    limit: int | None = None,
+) -> list[tuple[Any, ...]]:
+    params = {"ids": list(ids) if ids else None, "queue": queue, "name": name, "since": since, "limit": limit}
+    return db.query(Q.job_failed, params)
+
+
+def _redrive_batches(db: Any, ids: Sequence[int], result: RedriveResult, bar: tqdm) -> None:
+    for start in range(0, len(ids), REDRIVE_BATCH):
+        batch = ids[start : start + REDRIVE_BATCH]
+        done = redrive(db, ids=batch)
+        result.redriven += done.redriven
+        result.skipped.update(done.skipped)
+        bar.update(len(batch))
+
+
+class _Rollback(Exception):
+    pass
+
+
+@contextmanager
+def _rolled_back(db: Any) -> Iterator[Any]:
+    """A transaction that is always rolled back: a dry run makes every change
+    and keeps none."""
+    try:
+        with db.transaction() as tx:
+            yield tx
+            raise _Rollback
+    except _Rollback:
+        pass
+
+
+def _is_tty(stream: IO[str]) -> bool:
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty and isatty())
+
+
+def _queue_json(s: QueueStats) -> dict[str, Any]:
+    return {
+        "queue": s.queue,
+        "pending": s.pending,
+        "due": s.due,
+        "delayed": s.delayed,
+        "running": s.running,
+        "oldest_due_age_s": s.oldest_due_age_s,
+        "done_1h": s.done_1h,
+        "retrying": s.retrying,
+        "paused_until": s.paused_until,
+        "pause_reason": s.pause_reason,
+        "throttled_until": s.throttled_until,
+    }
+
+
+def _worker_json(w: WorkerInfo) -> dict[str, Any]:
+    return {
+        "id": w.id,
+        "host": w.host,
+        "pid": w.pid,
+        "started_at": w.started_at,
+        "last_seen": w.last_seen,
+        "queues": w.queues,
+        "alive": w.alive,
+        "holding": w.holding,
+    }
+
+
+def _worker_row(w: WorkerInfo, now: datetime, *, holding: bool = False) -> list[Any]:
+    seen = f"{_age((now - w.last_seen).total_seconds())} ago"
+    return [w.id, w.host, w.pid, _time(w.started_at), seen, *([w.holding] if holding else []), ", ".join(w.queues)]
+
+
+def _json(out: IO[str], value: Any) -> None:
+    print(json.dumps(value, indent=2, default=_json_default, ensure_ascii=False), file=out)
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.astimezone(UTC).isoformat()
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+def _table(out: IO[str], headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    """Columns padded to their widest cell; the last is not padded (a reason
+    or a list of queues may be long)."""
+    cells = [list(headers), *[[one_line(str(c)) for c in row] for row in rows]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    for row in cells:
+        line = "  ".join(c.ljust(w) for c, w in zip(row[:-1], widths, strict=False))
+        print(f"{line}  {row[-1]}".rstrip(), file=out)
+
+
+def _time(value: datetime | None) -> str:
+    if value is None:
+        return "-"
+    if value == FOREVER:
+        return "never"
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def _age(seconds: float | None) -> str:
+    """A duration as a person reads it: 42s, 3m12s, 2h05m, 3d04h."""
+    if seconds is None:
+        return "-"
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def _pause(s: QueueStats) -> str:
+    if s.paused_until is None:
+        return "-"
+    until = "until resumed" if s.paused_until == FOREVER else f"until {_time(s.paused_until)}"
+    return f"{until}: {s.pause_reason}"
+
+
+def _cut(text: str, width: int) -> str:
+    text = one_line(text)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _ids(ids: Sequence[int]) -> str:
+    if not ids:
+        return ""
+    shown = ", ".join(map(str, ids[:LISTED_IDS]))
+    more = f", and {len(ids) - LISTED_IDS} more" if len(ids) > LISTED_IDS else ""
+    return f": {shown}{more}"

@@ -1,0 +1,423 @@
+"""The operator's commands, run through worker.main as `python worker.py
+COMMAND` runs them (in this process, for speed; a few run as real processes
+for their exit codes), on a table of known rows: each one's table for a
+person and its JSON for a script."""
+
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from tests_support import ROOT
+
+import worker
+from lib import commands, embedded, stats, workers
+from lib.insert import insert
+from lib.queue_state import pause
+from lib.settings import masked_dsn
+from queues import REGISTRY
+
+SECRET_ARG = "args-are-private-4711"
+
+
+@pytest.fixture
+def cli(database_url, monkeypatch, capsys):
+    """cli(*argv) -> (exit code, stdout, stderr), through worker.main."""
+    monkeypatch.setenv("DATABASE_URL", database_url)
+
+    def run(*argv: str, registry=REGISTRY) -> tuple[int, str, str]:
+        try:
+            code = worker.main(registry, list(argv))
+        except SystemExit as exc:  # argparse: --help, or a bad value
+            code = exc.code
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run
+
+
+def _job(db, queue="caches", name="caches.Age", status="pending", n=0, **cols) -> int:
+    job_id = insert(db, queue, name, {"secret": SECRET_ARG, "n": n})
+    sets = ", ".join(f"{k} = {v}" for k, v in {"status": f"'{status}'", **cols}.items())
+    db.exec(f"UPDATE jobs SET {sets} WHERE id = %s", (job_id,))
+    return job_id
+
+
+def _lines(text: str) -> list[list[str]]:
+    """A table's lines as cells (split on runs of two or more spaces)."""
+    return [re.split(r"\s{2,}", line.strip()) for line in text.splitlines() if line.strip()]
+
+
+# status
+
+
+def test_status_on_an_empty_table_lists_every_registered_queue_with_zeros(db, cli):
+    code, out, err = cli("status")
+    assert code == 0, err
+    rows = _lines(out)
+    assert rows[0][:6] == ["queue", "pending", "due", "delayed", "running", "oldest due"]
+    assert [r[0] for r in rows[1:7]] == ["anthropic", "apollo", "caches", "github", "maintenance", "slack"]
+    assert all(r[1:] == ["0", "0", "0", "0", "-", "0", "0", "0", "0", "0", "-", "-"] for r in rows[1:7])
+    assert rows[7] == ["live workers: 0"]
+    code, out, _ = cli("status", "--json")
+    got = json.loads(out)
+    assert got["workers"] == []
+    assert [q["queue"] for q in got["queues"]] == ["anthropic", "apollo", "caches", "github", "maintenance", "slack"]
+    assert got["queues"][0] == {
+        "queue": "anthropic", "pending": 0, "due": 0, "delayed": 0, "running": 0, "oldest_due_age_s": None,
+        "done_1h": {"ok": 0, "fail": 0, "skip": 0, "err": 0}, "retrying": 0,
+        "paused_until": None, "pause_reason": None, "throttled_until": None,
+    }  # fmt: skip
+
+
+def test_status_shows_each_queue_and_the_workers_live_and_dead(db, cli):
+    _job(db, run_at="now() - interval '2 minutes'", n=1)
+    _job(db, run_at="now() + interval '1 hour'", attempts=1, n=2)
+    _job(db, "github", "github.FetchRepo", "started", worker_id="'dead-1'", slot=0, n=3)
+    _job(db, status="ok", finished_at="now()", n=4)
+    _job(db, status="err: boom", finished_at="now()", n=5)
+    _job(db, "odd", "odd.N", status="fail: no", finished_at="now() - interval '5 minutes'")  # a queue no worker runs
+    until = datetime.now(UTC) + timedelta(minutes=30)
+    pause(db, "github", "vendor incident", until)
+    pause(db, "slack", "token rotation")
+    db.exec("INSERT INTO job_queues (queue, next_claim_at) VALUES ('apollo', now() + interval '40 seconds')")
+    workers.register(db, "web-1:42:abc", ["caches", "github"], 30.0)
+    db.exec(
+        "INSERT INTO workers VALUES ('dead-1', 'old-host', 7, '{github}', now() - interval '1 day', "
+        "now() - interval '10 minutes', 30)"
+    )
+    code, out, err = cli("status")
+    assert code == 0, err
+    assert SECRET_ARG not in out
+    rows = {r[0]: r for r in _lines(out)}
+    assert rows["caches"][1:5] == ["2", "1", "1", "0"]
+    assert re.fullmatch(r"2m0\ds", rows["caches"][5])
+    assert rows["caches"][6:11] == ["1", "0", "0", "1", "1"]  # ok, fail, skip, err in the last hour; 1 retrying
+    assert rows["github"][4] == "1"
+    assert rows["github"][-1] == f"until {until:%Y-%m-%d %H:%M:%S}Z: vendor incident"
+    assert rows["slack"][-1] == "until resumed: token rotation"
+    assert rows["odd"][7] == "1"
+    assert rows["apollo"][-2].endswith("Z") and rows["apollo"][-1] == "-"  # throttled, not paused
+    assert (
+        out.index("live workers: 1")
+        < out.index("web-1:42:abc")
+        < out.index("dead workers still holding started rows: 1")
+        < out.index("dead-1")
+    )
+    dead = next(r for r in _lines(out) if r[0] == "dead-1")
+    assert dead[1:3] == ["old-host", "7"] and dead[5:] == ["1", "github"]
+    assert re.fullmatch(r"10m0\ds ago", dead[4])
+    live = next(r for r in _lines(out) if r[0] == "web-1:42:abc")
+    assert live[-1] == "caches, github"
+
+    code, out, err = cli("status", "--json")
+    assert code == 0, err
+    got = json.loads(out)
+    queues = {q["queue"]: q for q in got["queues"]}
+    assert {k: queues["caches"][k] for k in ("pending", "due", "delayed", "running", "retrying")} == {
+        "pending": 2, "due": 1, "delayed": 1, "running": 0, "retrying": 1,
+    }  # fmt: skip
+    assert 119 < queues["caches"]["oldest_due_age_s"] < 200
+    assert queues["caches"]["done_1h"] == {"ok": 1, "fail": 0, "skip": 0, "err": 1}
+    assert datetime.fromisoformat(queues["github"]["paused_until"]) == until
+    assert queues["github"]["pause_reason"] == "vendor incident"
+    assert datetime.fromisoformat(queues["slack"]["paused_until"]) == commands.FOREVER
+    assert datetime.fromisoformat(queues["apollo"]["throttled_until"]) > datetime.now(UTC)
+    assert [(w["id"], w["alive"], w["holding"]) for w in got["workers"]] == [
+        ("dead-1", False, 1),
+        ("web-1:42:abc", True, 0),
+    ]
+    assert set(got["workers"][0]) == {"id", "host", "pid", "started_at", "last_seen", "queues", "alive", "holding"}
+
+
+# failed
+
+
+def test_failed_lists_err_rows_newest_first_without_args(db, cli):
+    assert cli("failed")[1] == "no failed jobs\n"
+    assert json.loads(cli("failed", "--json")[1]) == []
+    old = _job(db, status="err: old", finished_at="now() - interval '3 hours'", attempts=1, n=1)
+    new = _job(db, "github", "github.FetchRepo", status="err: HTTP 500", finished_at="now() - interval '1 minute'")
+    two_lines = _job(db, status="err: first\nsecond " + "x" * 200, finished_at="now() - interval '2 minutes'", n=2)
+    _job(db, status="fail: not an err", finished_at="now()", n=3)
+    _job(db, n=4)
+    code, out, err = cli("failed")
+    assert code == 0, err
+    assert SECRET_ARG not in out
+    rows = _lines(out)
+    assert rows[0] == ["id", "queue", "name", "attempts", "finished", "callsite", "status"]
+    assert [int(r[0]) for r in rows[1:]] == [new, two_lines, old]
+    assert rows[1][1:4] == ["github", "github.FetchRepo", "0"]
+    assert rows[1][5].startswith("tests/test_commands.py:")
+    assert rows[2][-1].startswith("err: first\\nsecond xxx") and rows[2][-1].endswith("…")
+    assert len(out.splitlines()) == 4  # one line each, whatever the status holds
+    assert [int(r[0]) for r in _lines(cli("failed", "--since", "1h")[1])[1:]] == [new, two_lines]
+    assert [int(r[0]) for r in _lines(cli("failed", "--queue", "caches", "--limit", "1")[1])[1:]] == [two_lines]
+    assert [int(r[0]) for r in _lines(cli("failed", "--name", "github.FetchRepo")[1])[1:]] == [new]
+    got = json.loads(cli("failed", "--json", "--limit", "2")[1])
+    assert [g["id"] for g in got] == [new, two_lines]
+    assert set(got[0]) == {"id", "queue", "name", "attempts", "finished", "callsite", "status"}
+    assert got[1]["status"].startswith("err: first\nsecond")  # whole, for a script
+    assert SECRET_ARG not in json.dumps(got)
+
+
+# show
+
+
+def test_show_prints_one_job_in_full_with_its_args(db, cli):
+    job_id = _job(db, status="err: boom", attempts=2, last_error="'err: boom'", finished_at="now()")
+    code, out, err = cli("show", str(job_id))
+    assert code == 0, err
+    fields = dict(r for r in _lines(out.split("args:")[0]))
+    assert fields["id"] == str(job_id) and fields["status"] == "err: boom" and fields["attempts"] == "2"
+    assert fields["queue"] == "caches" and fields["started_at"] == "-"
+    assert json.loads(out.split("args:\n", 1)[1]) == {"secret": SECRET_ARG, "n": 0}
+    got = json.loads(cli("show", str(job_id), "--json")[1])
+    assert got["args"] == {"secret": SECRET_ARG, "n": 0} and got["last_error"] == "err: boom"
+    assert cli("show", "999999") == (1, "", "show: no job 999999\n")
+
+
+# redrive / retry
+
+
+def test_redrive_since_and_dry_run(db, cli):
+    recent = _job(db, status="err: boom", attempts=1, finished_at="now() - interval '5 minutes'", n=1)
+    old = _job(db, status="err: boom", attempts=1, finished_at="now() - interval '2 days'", n=2)
+    code, out, err = cli("retry", "--since", "1h", "--dry-run")
+    assert code == 0, err
+    assert out.splitlines() == [f"would redrive 1 jobs: {recent}", "dry run: nothing was changed"]
+    assert db.query("SELECT status FROM jobs ORDER BY id") == [("err: boom",), ("err: boom",)]
+    got = json.loads(cli("redrive", "--since", "1h", "--json")[1])
+    assert got == {"dry_run": False, "redriven": [recent], "skipped": []}
+    assert db.query_row("SELECT status FROM jobs WHERE id = %s", (recent,)) == ("pending",)
+    assert db.query_row("SELECT status FROM jobs WHERE id = %s", (old,)) == ("err: boom",)
+    assert cli("redrive") == (2, "", "redrive: needs ids, a queue or a name (or --since)\n")
+
+
+def test_a_dry_run_says_which_copies_it_would_skip(db, cli):
+    db.exec("INSERT INTO job_dedupe_names VALUES ('maintenance', 'maintenance.CleanUpJobs')")
+    older = _job(
+        db, "maintenance", "maintenance.CleanUpJobs", "err: boom", attempts=1, finished_at="now() - interval '1 minute'"
+    )
+    newer = _job(db, "maintenance", "maintenance.CleanUpJobs", "err: boom", attempts=1, finished_at="now()")
+    _, out, _ = cli("redrive", "--queue", "maintenance", "--dry-run")
+    assert out.splitlines() == [
+        f"would redrive 1 jobs: {newer}",
+        "would skip 1 jobs:",
+        f"  {older}: job {newer}, a newer failure of the same job, was redriven",
+        "dry run: nothing was changed",
+    ]
+    assert db.query_row("SELECT count(*) FROM jobs WHERE status = 'pending'") == (0,)
+
+
+def test_across_batches_the_newest_failure_of_a_deduped_job_is_the_one_redriven(db, cli, monkeypatch):
+    """Copies of one job may fall in different batches: the newest failure,
+    in the first batch, comes back, and the older copy is skipped for it."""
+    monkeypatch.setattr(commands, "REDRIVE_BATCH", 1)
+    db.exec("INSERT INTO job_dedupe_names VALUES ('maintenance', 'maintenance.CleanUpJobs')")
+    older = _job(
+        db, "maintenance", "maintenance.CleanUpJobs", "err: boom", attempts=1, finished_at="now() - interval '1 minute'"
+    )
+    newer = _job(db, "maintenance", "maintenance.CleanUpJobs", "err: boom", attempts=1, finished_at="now()")
+    code, out, err = cli("redrive", "--queue", "maintenance")
+    assert code == 0, err
+    assert out.splitlines() == [
+        f"redrove 1 jobs: {newer}",
+        "skipped 1 jobs:",
+        f"  {older}: job {newer}, a copy of it, is already pending or started",
+    ]
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_long_redrive_shows_progress_on_a_terminal_only(db):
+    n = commands.REDRIVE_BATCH * 2 + 10
+    db.exec(
+        "INSERT INTO jobs (queue, name, args, status, attempts, finished_at) "
+        "SELECT 'caches', 'caches.Age', jsonb_build_object('n', i), 'err: boom', 1, now() FROM generate_series(1, %s) i",
+        (n,),
+    )
+    args = worker._parser(worker.Settings()).parse_args(["redrive", "--queue", "caches", "--dry-run"])
+    terminal, pipe = _Terminal(), io.StringIO()
+    assert commands.redrive_failed(db, args, terminal, io.StringIO()) == 0
+    assert commands.redrive_failed(db, args, pipe, io.StringIO()) == 0
+    assert f"{n}/{n}" in terminal.getvalue() and "\r" in terminal.getvalue()
+    assert pipe.getvalue().startswith(f"would redrive {n} jobs: 1, 2, ")
+    assert f", and {n - commands.LISTED_IDS} more\n" in pipe.getvalue()
+    assert "\r" not in pipe.getvalue()
+    args = worker._parser(worker.Settings()).parse_args(["redrive", "--queue", "caches"])
+    assert commands.redrive_failed(db, args, terminal, io.StringIO()) == 0
+    assert db.query_row("SELECT count(*) FROM jobs WHERE status = 'pending'") == (n,)
+
+
+# enqueue
+
+
+def test_enqueue_writes_through_insert_with_callsite_cli(db, cli):
+    code, out, err = cli(
+        "enqueue", "caches", "caches.Age", '{"k": "v"}', "--priority", "5", "--run-at", "2030-01-02T03:04:05Z"
+    )
+    assert code == 0, err
+    [(job_id, args, priority, run_at, callsite)] = db.query("SELECT id, args, priority, run_at, callsite FROM jobs")
+    assert out == f"enqueued job {job_id}: queue=caches job=caches.Age\n"
+    assert (args, priority, callsite) == ({"k": "v"}, 5, "cli")
+    assert run_at == datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC)
+    code, out, err = cli("enqueue", "caches", "caches.Age", "--json")
+    assert (code, json.loads(out)) == (0, {"id": job_id + 1})
+    assert db.query_row("SELECT args FROM jobs WHERE id = %s", (job_id + 1,)) == ({},)
+
+
+def test_enqueue_of_a_deduped_copy_says_so(db, cli):
+    db.exec("INSERT INTO job_dedupe_names VALUES ('maintenance', 'maintenance.CleanUpJobs')")
+    assert cli("enqueue", "maintenance", "maintenance.CleanUpJobs")[0] == 0
+    code, out, _ = cli("enqueue", "maintenance", "maintenance.CleanUpJobs")
+    assert code == 0 and out.startswith("not enqueued: a copy of maintenance.CleanUpJobs")
+    assert json.loads(cli("enqueue", "maintenance", "maintenance.CleanUpJobs", "--json")[1]) == {"id": None}
+
+
+def test_enqueue_refuses_a_job_no_worker_runs(db, cli):
+    assert cli("enqueue", "githb", "github.FetchRepo") == (
+        2, "", "enqueue: no worker runs job github.FetchRepo on queue githb (no such queue is registered)\n",
+    )  # fmt: skip
+    code, _, err = cli("enqueue", "caches", "caches.Nope")
+    assert code == 2 and "queue caches does not handle it" in err
+    code, _, err = cli("enqueue", "caches", "caches.Age", json.dumps({"big": "x" * 300_000}))
+    assert code == 2 and err.startswith("enqueue: args are") and "the limit is" in err
+    assert db.query_row("SELECT count(*) FROM jobs") == (0,)
+
+
+# cancel
+
+
+def test_cancel_ends_pending_jobs_and_names_the_others(db, cli):
+    pending = _job(db, n=1)
+    delayed = _job(db, run_at="now() + interval '1 day'", n=2)
+    running = _job(db, status="started", worker_id="'w'", slot=0, n=3)
+    done = _job(db, status="ok", finished_at="now()", n=4)
+    code, out, err = cli("cancel", str(pending), str(delayed), str(running), str(done), "999999")
+    assert code == 1, err
+    assert out.splitlines() == [
+        f"cancelled 2 jobs: {pending}, {delayed}",
+        "left 3 jobs alone, not pending:",
+        f"  {running}: started",
+        f"  {done}: ok",
+        "  999999: no such job",
+    ]
+    rows = db.query("SELECT id, status, finished_at IS NOT NULL FROM jobs ORDER BY id")
+    assert rows == [
+        (pending, "skip: cancelled by operator", True),
+        (delayed, "skip: cancelled by operator", True),
+        (running, "started", False),
+        (done, "ok", True),
+    ]
+    assert stats.queue_stats(db, ["caches"])[0].done_1h["skip"] == 2  # counted as skips, not errors
+    again = _job(db, n=5)
+    code, out, _ = cli("cancel", str(again), "--json")
+    assert (code, json.loads(out)) == (0, {"cancelled": [again], "left": []})
+    code, out, _ = cli("cancel", str(again), "--json")
+    assert (code, json.loads(out)) == (
+        1,
+        {"cancelled": [], "left": [{"id": again, "status": "skip: cancelled by operator"}]},
+    )
+
+
+# db-url
+
+
+def test_db_url_masks_the_password(cli, monkeypatch):
+    url = "postgresql://jobs:s3cr3t-pw@db.example:5432/jobs"
+    monkeypatch.setenv("DATABASE_URL", url)
+    code, out, _ = cli("db-url")
+    # The mask is lib.settings' (its text may change); the password never shows.
+    assert (code, out) == (0, masked_dsn(url) + "\n")
+    assert "s3cr3t-pw" not in out and out.startswith("postgresql://jobs:") and out.endswith("@db.example:5432/jobs\n")
+    assert json.loads(cli("db-url", "--json")[1]) == {"url": masked_dsn(url)}
+
+
+def test_db_url_of_the_embedded_server_is_one_psql_takes():
+    """With no DATABASE_URL, db-url prints the embedded server's socket URL,
+    and psql connects with it as printed while a worker keeps the server up."""
+    base = Path(tempfile.mkdtemp(prefix="jobs-dburl-"))
+    base.chmod(0o711)  # as root the server runs as postgres, which must pass through
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    env |= {"JOBS_EMBEDDED": "system", "JOBS_DATA_DIR": str(base)}
+    try:
+        # This process stands for a running worker: the server stops with its last user.
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("JOBS_EMBEDDED", "system")
+            running = embedded.start(base)
+        done = subprocess.run(
+            [sys.executable, "worker.py", "db-url"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, done.stderr
+        url = done.stdout.strip()
+        assert url == running
+        answer = subprocess.run(["psql", url, "-Atc", "SELECT 41 + 1"], capture_output=True, text=True, timeout=30)
+        assert answer.stdout.strip() == "42", answer.stderr
+    finally:
+        embedded.stop(base)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+# bad arguments
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["failed", "--since", "1y"], "argument --since: a duration like 30m, 1h or 2d"),
+        (["failed", "--since", "0m"], "argument --since: a duration"),
+        (["failed", "--since", "99999999999d"], "argument --since: a duration"),
+        (["failed", "--limit", "0"], "argument --limit: a whole number from 1 to 10000"),
+        (["failed", "--limit", "many"], "argument --limit"),
+        (["failed", "--queue", ""], "argument --queue: a non-empty text"),
+        (["show"], "the following arguments are required: id"),
+        (["show", "abc"], "argument id: a job id (a whole number)"),
+        (["redrive", "--since", "soon"], "argument --since: a duration"),
+        (["retry", "--id", "-1"], "argument --id"),
+        (["enqueue", "caches"], "the following arguments are required: name"),
+        (["enqueue", "caches", "caches.Age", "{not json"], "argument args: a JSON object"),
+        (["enqueue", "caches", "caches.Age", "[1, 2]"], "argument args: a JSON object, got list"),
+        (
+            ["enqueue", "caches", "caches.Age", "--run-at", "2030-01-01T00:00"],
+            "argument --run-at: an ISO time with a zone",
+        ),
+        (["enqueue", "caches", "caches.Age", "--run-at", "tomorrow"], "argument --run-at: an ISO time with a zone"),
+        (["enqueue", "caches", "caches.Age", "--priority", "1.5"], "argument --priority: a whole number"),
+        (["enqueue", "caches", "caches.Age", "--priority", str(2**31)], "argument --priority: a priority within"),
+        (["cancel"], "the following arguments are required: ID"),
+        (["cancel", "1", "x"], "argument ID: a job id"),
+        (["status", "--verbose"], "unrecognized arguments: --verbose"),
+    ],
+)
+def test_a_bad_argument_is_a_message_and_exit_code_2(db, cli, argv, message):
+    code, out, err = cli(*argv)
+    assert code == 2, out + err
+    assert message in err, err
+    assert "Traceback" not in err
+
+
+def test_bad_arguments_exit_2_from_a_real_process(database_url):
+    env = {**os.environ, "DATABASE_URL": database_url}
+    for argv in (["failed", "--since", "1y"], ["enqueue", "nowhere", "x.Y"]):
+        done = subprocess.run(
+            [sys.executable, "worker.py", *argv], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert done.stderr.strip() and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("command", ["status", "failed", "show", "redrive", "retry", "enqueue", "cancel", "db-url"])
+def test_every_command_has_help(cli, command):
+    code, out, _ = cli(command, "--help")
+    assert code == 0 and out.startswith("usage:") and "--json" in out
