@@ -1,0 +1,19 @@
+-- Named queries of the admin page (lib/admin) on the jobs table, read-only.
+
+-- name: job_failed_list
+-- The newest failed (err:) jobs, optionally of one queue and one name; read newest first through jobs_finished, whose predicate is repeated here so the planner may use it.
+SELECT id, queue, name, status, attempts, max_attempts, finished_at
+FROM jobs
+WHERE status NOT IN ('pending', 'started')
+  AND starts_with(status, 'err: ')
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+  AND (%(name)s::text IS NULL OR name = %(name)s)
+ORDER BY finished_at DESC
+LIMIT %(limit)s
+
+-- name: job_get
+-- One job with every column an operator reads, args as text.
+SELECT id, queue, name, status, attempts, max_attempts, priority, run_at, created_at, started_at,
+       finished_at, worker_id, lease_until, last_error, callsite, args::text
+FROM jobs
+WHERE id = %(id)s
