@@ -16,7 +16,7 @@ from pathlib import Path  # noqa: E402
 import gevent  # noqa: E402
 from gevent.event import Event  # noqa: E402
 
-from lib import blocked, embedded, errors, logs, registry_check  # noqa: E402
+from lib import blocked, embedded, errors, logs, registry_check, workers  # noqa: E402
 from lib.clock import Clock, Scheduled  # noqa: E402
 from lib.db import DB, is_conn_failure  # noqa: E402
 from lib.errors import Outage  # noqa: E402
@@ -195,6 +195,7 @@ def run(
     pollers = _start_pollers(db, registry)
     leases = Leases(db, lease=lease, legacy_age=max((p.job_timeout for p in pollers), default=600.0) + 60)
     leases.outage = outage
+    leases.seen = workers.register(db, leases.worker_id, [p.queue for p in pollers], leases.lease)
     for poller in pollers:
         poller.outage = outage
         poller.leases = leases
@@ -227,6 +228,7 @@ def run(
         gevent.killall(left, timeout=10)
     FINALIZING.join(timeout=30)
     gevent.killall(helpers)
+    workers.unregister(db, leases.worker_id)
     log.info("stopped")
     return 0
 

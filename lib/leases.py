@@ -87,6 +87,9 @@ class Leases:
         # Shared with the rest of the worker (the renewal thread included):
         # an outage of the database is one report, whoever meets it.
         self.outage = Outage("leases")
+        # Called on the rescue's period: the worker registry's refresh
+        # (lib/workers.py), passed in so this module does not depend on it.
+        self.seen: Callable[[], None] = lambda: None
 
     def hold(self, job_id: int, claimed_at: float, fence: Callable[[], None]) -> None:
         """Note a job claimed at claimed_at (monotonic, when the claim's reply
@@ -166,6 +169,7 @@ class Leases:
                     try:
                         self.rescue(0.0 if first else None)
                         first = False
+                        self.seen()
                         self.outage.recovered()
                     except Exception as exc:
                         self.outage.failed(exc)

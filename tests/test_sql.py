@@ -21,7 +21,8 @@ def test_the_named_queries_the_code_relies_on_exist():
         "job_insert", "job_insert_many", "job_claim", "job_finalize", "job_release", "job_heartbeat",
         "job_rescue", "job_delete_finished", "queue_pause", "queue_pause_once", "queue_resume",
         "queue_paused", "dedupe_declare", "clock_fire", "clock_last_fired", "clock_prune", "job_redrive",
-        "migration_applied", "migration_record",
+        "migration_applied", "migration_record", "queue_stats", "worker_seen", "worker_remove", "worker_forget",
+        "worker_list",
     }  # fmt: skip
     assert expected <= Q.names()
 

@@ -1,4 +1,5 @@
-"""The maintenance queue: retention of finished job rows. No external API, no throttle.
+"""The maintenance queue: retention of finished job rows, and of the worker
+registry's rows. No external API, no throttle.
 
 The rows it keeps (14 days by default) let a handler check for recent work
 before it calls a paid API.
@@ -11,7 +12,7 @@ import os
 
 import gevent
 
-from lib import status
+from lib import status, workers
 from lib.db import DB
 from lib.poller import PendingJob, Poller
 from lib.sql import Q
@@ -37,9 +38,19 @@ def clean_up_jobs(db: DB, days: int = RETENTION_DAYS, batch: int = BATCH) -> str
     return status.ok(f"deleted {deleted}") if deleted else status.skip("nothing old enough")
 
 
+def clean_up(db: DB) -> str:
+    """The daily clean-up: old finished rows, then workers unseen for a day."""
+    done = clean_up_jobs(db)
+    forgotten = workers.forget_gone(db)
+    if not forgotten:
+        return done
+    log.info("forgot %d workers unseen for a day", forgotten)
+    return status.ok(f"{status.detail(done)}; forgot {forgotten} workers unseen for a day")
+
+
 def make_worker(db: DB) -> Poller:
     def handle(job: PendingJob) -> str:
-        return clean_up_jobs(db)
+        return clean_up(db)
 
     return Poller(
         "maintenance", db, {"maintenance.CleanUpJobs": handle}, job_timeout=3600, dedupe={"maintenance.CleanUpJobs"}

@@ -1,0 +1,96 @@
+"""What every worker is doing, read from the jobs table and the small tables
+beside it (job_queues, workers): the operator's status command and /metrics.
+
+Each query reads jobs only through a partial index (see sql/stats.sql), so a
+status check stays cheap with millions of finished rows kept for retention.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from lib import status
+from lib.sql import Q
+
+# The outcomes counted, in the order they are shown.
+OUTCOMES = (status.Kind.OK, status.Kind.FAIL, status.Kind.SKIP, status.Kind.ERR)
+
+# A worker refreshes its row every third of its lease; one unseen for this
+# many of its leases (nine refreshes missed) is taken for dead.
+ALIVE_PERIODS = 3.0
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    queue: str
+    pending: int  # all pending rows
+    due: int  # pending with run_at <= now()
+    delayed: int  # pending with run_at > now()
+    running: int  # started rows
+    oldest_due_age_s: float | None  # now() - min(run_at) over due rows
+    done_1h: dict[str, int]  # finished in the last hour by kind: "ok", "fail", "skip", "err" (all four)
+    retrying: int  # pending rows with attempts > 0 (back after a failure or a rescue)
+    paused_until: datetime | None  # datetime.max (UTC) for a pause until resumed
+    pause_reason: str | None
+    throttled_until: datetime | None  # job_queues.next_claim_at when in the future
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    id: str
+    host: str
+    pid: int
+    started_at: datetime
+    last_seen: datetime
+    queues: list[str]
+    alive: bool  # last_seen within a few of its lease periods
+    holding: int  # started rows whose worker_id is this id
+
+
+def queue_stats(db: Any, queues: Iterable[str] = ()) -> list[QueueStats]:
+    """Every queue with pending, started or recently finished rows or
+    job_queues state, plus the names given (with zeros when they have none),
+    sorted by name. A queue whose only rows finished over an hour ago is not
+    found unless named: finding it would read every finished row."""
+    rows = db.query(Q.queue_stats, {"queues": sorted(set(queues))})
+    found = [
+        QueueStats(
+            queue=queue,
+            pending=pending,
+            due=due,
+            delayed=pending - due,
+            running=running,
+            oldest_due_age_s=oldest,
+            done_1h=_by_kind(done),
+            retrying=retrying,
+            paused_until=paused_until,
+            pause_reason=pause_reason,
+            throttled_until=throttled_until,
+        )
+        for queue, pending, due, running, oldest, done, retrying, paused_until, pause_reason, throttled_until in rows
+    ]
+    return sorted(found, key=lambda s: s.queue)
+
+
+def _by_kind(by_prefix: dict[str, int]) -> dict[str, int]:
+    """Counts by status prefix (what precedes ": ", or a bare "ok") as counts
+    by kind of lib.status. A prefix outside the vocabulary (a status written
+    by hand) is counted as err: it is a fault for someone to look at."""
+    counts = {str(k): 0 for k in OUTCOMES}
+    for prefix, n in by_prefix.items():
+        kind = status.Kind(prefix) if prefix in iter(status.Kind) else status.Kind.ERR
+        counts[kind if kind in OUTCOMES else status.Kind.ERR] += n
+    return counts
+
+
+def workers(db: Any, *, now: datetime | None = None) -> list[WorkerInfo]:
+    """The registered workers seen lately (alive), and the others still named
+    by started rows (dead, until their rows are rescued), oldest start first."""
+    rows = db.query(Q.worker_list, {"now": now, "periods": ALIVE_PERIODS})
+    return [
+        WorkerInfo(id=i, host=h, pid=p, started_at=s, last_seen=seen, queues=list(q), alive=a, holding=n)
+        for i, h, p, s, seen, q, a, n in rows
+    ]

@@ -1,0 +1,53 @@
+-- Read-only queries for the operator's views (lib/stats.py): status, /metrics.
+-- Each reads the jobs table only through a partial index (pending rows, started
+-- rows, rows finished since a moment), so its cost does not grow with the
+-- finished rows kept for retention.
+
+-- name: queue_stats
+-- Per queue: pending rows (due, retrying, oldest due run_at), started rows, rows finished in the last hour by status prefix, the pause and throttle in force; for every queue with live or recent rows or job_queues state, and the names given.
+WITH pending AS (
+  SELECT queue,
+         count(*)::int AS pending,
+         count(*) FILTER (WHERE run_at <= now())::int AS due,
+         count(*) FILTER (WHERE attempts > 0)::int AS retrying,
+         min(run_at) FILTER (WHERE run_at <= now()) AS oldest_due
+  FROM jobs WHERE status = 'pending'
+  GROUP BY queue
+),
+running AS (
+  SELECT queue, count(*)::int AS running FROM jobs WHERE status = 'started' GROUP BY queue
+),
+-- Grouped by prefix, not by status: statuses carry details, so there may be
+-- one per row. This predicate is jobs_finished's own, so the index serves it.
+done AS (
+  SELECT queue, jsonb_object_agg(prefix, n) AS done
+  FROM (
+    SELECT queue, split_part(status, ': ', 1) AS prefix, count(*)::int AS n
+    FROM jobs
+    WHERE status NOT IN ('pending', 'started') AND finished_at > now() - interval '1 hour'
+    GROUP BY 1, 2
+  ) AS d
+  GROUP BY queue
+),
+state AS (
+  SELECT queue,
+         CASE WHEN paused_until > now() THEN paused_until END AS paused_until,
+         CASE WHEN paused_until > now() THEN pause_reason END AS pause_reason,
+         CASE WHEN next_claim_at > now() THEN next_claim_at END AS throttled_until
+  FROM job_queues
+),
+queues AS (
+  SELECT queue FROM pending
+  UNION SELECT queue FROM running
+  UNION SELECT queue FROM done
+  UNION SELECT queue FROM state
+  UNION SELECT unnest(%(queues)s::text[])
+)
+SELECT q.queue, coalesce(p.pending, 0), coalesce(p.due, 0), coalesce(r.running, 0),
+       extract(EPOCH FROM now() - p.oldest_due)::float8, coalesce(d.done, '{}'::jsonb),
+       coalesce(p.retrying, 0), s.paused_until, s.pause_reason, s.throttled_until
+FROM queues q
+LEFT JOIN pending p ON p.queue = q.queue
+LEFT JOIN running r ON r.queue = q.queue
+LEFT JOIN done d ON d.queue = q.queue
+LEFT JOIN state s ON s.queue = q.queue

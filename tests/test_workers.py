@@ -1,0 +1,115 @@
+"""The worker registry: a worker's row at start, its refresh from the lease
+keeper, a dead worker still holding rows listed as dead, the daily clean-up."""
+
+import os
+import socket
+from datetime import timedelta
+
+import gevent
+from gevent.event import Event
+from tests_support import wait_for
+
+import worker
+from lib import stats, workers
+from lib.insert import insert
+from lib.leases import Leases
+from lib.poller import Poller
+from queues import maintenance
+
+
+def _row(db, worker_id: str):
+    return db.query_row(
+        "SELECT host, pid, queues, started_at, last_seen, lease_seconds FROM workers WHERE id = %s", (worker_id,)
+    )
+
+
+def _plant(db, worker_id: str, seen_ago: str, lease: float = 30.0) -> None:
+    db.exec(
+        "INSERT INTO workers VALUES (%s, 'gone-host', 4242, '{q}', now() - interval '3 days', now() - %s::interval, %s)",
+        (worker_id, seen_ago, lease),
+    )
+
+
+def _hold(db, worker_id: str, queue: str = "q") -> int:
+    job_id = insert(db, queue, f"{queue}.N", {"by": worker_id})
+    db.exec(
+        "UPDATE jobs SET status = 'started', worker_id = %s, slot = 0, attempts = 1, "
+        "lease_until = now() + interval '1 minute' WHERE id = %s",
+        (worker_id, job_id),
+    )
+    return job_id
+
+
+def test_a_registered_worker_is_listed_alive_with_its_queues(db):
+    workers.register(db, "w-1", ["b", "a"], 30.0)
+    host, pid, queues, started_at, last_seen, lease = _row(db, "w-1")
+    assert (host, pid, queues, lease) == (socket.gethostname(), os.getpid(), ["a", "b"], 30.0)
+    [info] = stats.workers(db)
+    assert info == stats.WorkerInfo("w-1", host, pid, started_at, last_seen, ["a", "b"], True, 0)
+    # Three of its own lease periods unseen, it is dead; with nothing held, no longer listed.
+    assert stats.workers(db, now=last_seen + timedelta(seconds=89)) != []
+    assert stats.workers(db, now=last_seen + timedelta(seconds=91)) == []
+
+
+def test_the_refresh_moves_last_seen_and_writes_a_forgotten_row_again(db):
+    refresh = workers.register(db, "w-1", ["a"], 30.0)
+    started_at = _row(db, "w-1")[3]
+    db.exec("UPDATE workers SET last_seen = now() - interval '1 hour'")
+    refresh()
+    assert _row(db, "w-1")[4] > started_at
+    db.exec("DELETE FROM workers")
+    refresh()
+    assert _row(db, "w-1")[3] == started_at  # the same start, written again
+
+
+def test_the_lease_keeper_refreshes_last_seen_on_its_period(db):
+    leases = Leases(db, lease=0.6)
+    leases.seen = workers.register(db, leases.worker_id, ["a"], leases.lease)
+    db.exec("UPDATE workers SET last_seen = now() - interval '1 hour'")
+    stop = Event()
+    keeper = gevent.spawn(leases.run, stop)
+    try:
+        wait_for(lambda: stats.workers(db) != [], 5)
+    finally:
+        stop.set()
+        keeper.get(timeout=5)
+
+
+def test_a_dead_worker_holding_rows_is_listed_dead_and_a_live_one_with_its_count(db):
+    workers.register(db, "live", ["q"], 30.0)
+    _hold(db, "live")
+    _plant(db, "dead-holding", "10 minutes")
+    _hold(db, "dead-holding", "q2")
+    _hold(db, "dead-holding", "q3")
+    _plant(db, "dead-idle", "10 minutes")
+    # A long lease refreshes seldom: ten minutes unseen is still alive with a 300 s lease.
+    _plant(db, "slow", "10 minutes", lease=300.0)
+    got = {w.id: (w.alive, w.holding) for w in stats.workers(db)}
+    assert got == {"live": (True, 1), "dead-holding": (False, 2), "slow": (True, 0)}
+
+
+def test_the_worker_registers_at_start_and_leaves_when_it_stops(db):
+    stop = Event()
+    run = gevent.spawn(worker.run, db, [lambda db: Poller("q", db, {"q.N": lambda job: "ok"})], stop=stop, lease=3)
+    try:
+        wait_for(lambda: stats.workers(db) != [], 10)
+        [info] = stats.workers(db)
+        assert (info.queues, info.alive, info.pid) == (["q"], True, os.getpid())
+        db.exec("UPDATE workers SET last_seen = now() - interval '1 hour'")
+        wait_for(lambda: stats.workers(db) != [], 5)  # refreshed by its lease keeper, every second
+    finally:
+        stop.set()
+        assert run.get(timeout=30) == 0
+    assert db.query_row("SELECT count(*) FROM workers") == (0,)
+
+
+def test_the_daily_clean_up_forgets_workers_unseen_for_a_day(db):
+    workers.register(db, "live", ["q"], 30.0)
+    _plant(db, "yesterday", "23 hours")
+    _plant(db, "gone", "25 hours")
+    _plant(db, "gone-holding", "25 hours")
+    _hold(db, "gone-holding")
+    insert(db, "maintenance", "maintenance.CleanUpJobs")
+    done = maintenance.make_worker(db).work_once()
+    assert done == "ok: nothing old enough; forgot 1 workers unseen for a day"
+    assert {r[0] for r in db.query("SELECT id FROM workers")} == {"live", "yesterday", "gone-holding"}
