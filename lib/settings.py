@@ -97,7 +97,8 @@ def http_addr(text: str | None) -> tuple[str, int] | None:
         host = host[1:-1]
     elif ":" in host:
         host = ""  # an IPv6 address without brackets: its port cannot be told apart
-    if not sep or not host.isprintable() or " " in host or not port.isdigit() or not 1 <= int(port) <= 65535:
+    good_host = bool(host) and host.isprintable() and " " not in host
+    if not sep or not good_host or not port.isdigit() or not 1 <= int(port) <= 65535:
         raise SettingError(f"JOBS_HTTP_ADDR must be host:port (or [v6]:port, or off), got {text!r}")
     return host, int(port)
 

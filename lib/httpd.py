@@ -9,6 +9,7 @@ The server is one supervised part of the worker: a server that cannot bind
 from __future__ import annotations
 
 import logging
+import socket
 from collections.abc import Iterable
 from typing import Any
 
@@ -17,6 +18,9 @@ from gevent.event import Event
 from gevent.pywsgi import LoggingLogAdapter, WSGIServer
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
+from lib import metrics, stats
+from lib.admin import Admin
+from lib.db import is_conn_failure, is_server_error
 from lib.errors import capture
 from lib.logs import one_line
 from lib.migrate import migrations
@@ -56,6 +60,9 @@ class Health:
             with gevent.Timeout(READY_TIMEOUT):
                 applied = {version for (version,) in self.db.query(Q.migration_applied)}
         except (Exception, gevent.Timeout) as exc:
+            if is_server_error(exc):
+                # It answered, but cannot say (no schema_migrations table: never migrated).
+                return False, f"database refused the check: {self._reason(exc)}"
             return False, f"database unreachable: {self._reason(exc)}"
         missing = [name for version, name in self.expected if version not in applied]
         if missing:
@@ -119,14 +126,19 @@ class HttpServer:
         self.serving = Event()
 
     def serve(self, stop: Event) -> None:
+        """Raises when the address cannot be bound: the supervisor tries again."""
+        # Bound here, not by gevent: its own listener leaks the socket when
+        # the bind fails, once per restart while the port is taken.
+        family = socket.AF_INET6 if ":" in self.addr[0] else socket.AF_INET
+        listener = socket.create_server(self.addr, family=family)
         server = WSGIServer(
-            self.addr,
+            listener,
             self.app,
             # One line per request at DEBUG: a scrape every few seconds is not news.
             log=LoggingLogAdapter(log, logging.DEBUG),
             error_log=LoggingLogAdapter(log, logging.ERROR),
         )
-        server.start()  # raises when the address cannot be bound: the supervisor retries
+        server.start()
         self.port = server.server_port
         self.serving.set()
         log.info("serving http on %s:%d", server.server_host, server.server_port)
@@ -135,3 +147,32 @@ class HttpServer:
         finally:
             self.serving.clear()
             server.stop(timeout=STOP_TIMEOUT)
+
+
+def for_worker(
+    db: Any,
+    addr: tuple[str, int],
+    *,
+    admin_token: str | None,
+    queues: Iterable[str],
+    listener: Any,
+    supervisor: Any,
+    stop: Event,
+    outage: Any,
+) -> HttpServer:
+    """The server over a running worker's own objects: its pool, listener,
+    supervisor and queues (shown even while they have no rows)."""
+    queues = sorted(set(queues))
+    registry = metrics.registry(
+        db,
+        stats=stats.queue_stats,
+        queues=queues,
+        listener=listener,
+        supervisor=supervisor,
+        outage=outage,
+        conn_failure=is_conn_failure,
+    )
+    admin = None
+    if admin_token:
+        admin = Admin(db, admin_token, queue_stats=stats.queue_stats, workers=stats.workers, queues=queues)
+    return HttpServer(addr, make_app(Health(db, listener=listener, stop=stop), registry, admin=admin))
