@@ -257,3 +257,34 @@ def test_the_worker_process_serves_at_jobs_http_addr(database_url):
         proc.kill()
         output = proc.communicate()[0]
     assert f"serving http on 127.0.0.1:{port}" in output
+
+
+def _wait_ready(port: int, timeout: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "deploy/wait_ready.py", "--timeout", timeout],
+        cwd=ROOT,
+        env={**os.environ, "JOBS_HTTP_ADDR": f"127.0.0.1:{port}"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_the_units_start_check_waits_for_readyz_and_says_why_not(database_url):
+    """deploy/wait_ready.py, the systemd unit's ExecStartPost."""
+    proxy = Proxy(database_url)
+    db = DB.connect(proxy.url, size=2, connect_timeout=2)
+    try:
+        with serving(_app(db)) as base:
+            port = int(base.rsplit(":", 1)[1])
+            done = _wait_ready(port, "10")
+            assert (done.returncode, done.stdout) == (0, "wait_ready: ready\n")
+            proxy.down()
+            done = _wait_ready(port, "1")
+            assert done.returncode == 1
+            assert done.stderr.startswith("wait_ready: not ready after 1s: database unreachable: OperationalError")
+    finally:
+        db.close()
+        proxy.close()
+    done = _wait_ready(free_port(), "0")
+    assert done.returncode == 1 and "no answer from http://127.0.0.1:" in done.stderr
