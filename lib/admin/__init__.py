@@ -86,7 +86,7 @@ class Admin:
             trim_blocks=True,
             lstrip_blocks=True,
         )
-        self.env.filters.update(when=_when, ago=_ago, seconds=_seconds)
+        self.env.filters.update(when=_when, ago=_ago, left=_left, seconds=_seconds)
 
     # -- auth
 
@@ -343,6 +343,15 @@ def _ago(value: datetime | None) -> str:
     if value is None:
         return ""
     return _seconds((datetime.now(UTC) - value).total_seconds()) + " ago"
+
+
+def _left(value: datetime | None) -> str:
+    """How long until value, as a pause or a throttle reads: "for 25m"."""
+    if value is None:
+        return ""
+    if value.year >= 9999:
+        return "until resumed"
+    return "for " + _seconds((value - datetime.now(UTC)).total_seconds())
 
 
 def _seconds(value: float | None) -> str:
