@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 
 from lib import metrics, stats
 from lib.admin import Admin
-from lib.db import is_conn_failure, is_server_error
+from lib.db import PoolTimeout, is_conn_failure, is_server_error
 from lib.errors import capture
 from lib.logs import one_line
 from lib.migrate import migrations
@@ -105,6 +105,11 @@ def make_app(health: Health, registry: CollectorRegistry, *, admin: App | None =
                 return text(404, "not found")(environ, start_response)
             return text(200 if ok else 503, reason)(environ, start_response)
         except Exception as exc:
+            if is_conn_failure(exc) or isinstance(exc, PoolTimeout):
+                # The database's outage, which the pollers report once; a page
+                # asked meanwhile says so instead of adding an event per request.
+                log.warning("%s %s: database unreachable: %s", request.method, path, exc)
+                return text(503, "database unreachable; try again shortly")(environ, start_response)
             # A bug in one page: reported, and the server goes on.
             log.error("%s %s failed: %s: %s", request.method, path, type(exc).__name__, exc, exc_info=exc)
             capture(exc, message="http request", path=path)

@@ -8,10 +8,12 @@ from contextlib import contextmanager
 import pytest
 import requests
 from http_support import serving
+from proxy import Proxy
 
 import lib.admin
 from lib import metrics, stats
 from lib.admin import Admin
+from lib.db import DB
 from lib.httpd import Health, make_app
 from lib.insert import insert
 
@@ -189,3 +191,20 @@ def test_unknown_pages_and_jobs(db):
         assert requests.put(f"{base}/admin/", headers=auth, timeout=5).status_code == 405
         big = requests.post(f"{base}/admin/retry", headers=auth, data={"id": "1" * 70000}, timeout=5)
         assert big.status_code == 400
+
+
+def test_a_page_asked_while_the_database_is_down_is_a_503_not_a_report(database_url, sentry_events):
+    proxy = Proxy(database_url)
+    db = DB.connect(proxy.url, size=2, connect_timeout=2)
+    try:
+        with admin_site(db) as base:
+            auth = {"Authorization": f"Bearer {TOKEN}"}
+            assert requests.get(f"{base}/admin/failures", headers=auth, timeout=5).status_code == 200
+            proxy.down()
+            answer = requests.get(f"{base}/admin/failures", headers=auth, timeout=10)
+            assert (answer.status_code, answer.text) == (503, "database unreachable; try again shortly\n")
+            proxy.up()
+    finally:
+        db.close()
+        proxy.close()
+    assert sentry_events == []
