@@ -17,7 +17,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from datetime import UTC, datetime
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
@@ -195,13 +194,13 @@ class QueueCollector(Collector):
             ),
             "paused": GaugeMetricFamily("jobs_queue_paused", "1 while the queue is paused.", labels=["queue"]),
         }
-        now = datetime.now(UTC)
         for s in found:
             gauges["pending"].add_metric([s.queue], s.pending)
             gauges["due"].add_metric([s.queue], s.due)
             gauges["running"].add_metric([s.queue], s.running)
             gauges["age"].add_metric([s.queue], s.oldest_due_age_s or 0.0)
-            gauges["paused"].add_metric([s.queue], int(s.paused_until is not None and s.paused_until > now))
+            # queue_stats gives the pause in force only: one that ended reads None.
+            gauges["paused"].add_metric([s.queue], int(s.paused_until is not None))
         yield from gauges.values()
 
 
