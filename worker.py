@@ -18,7 +18,7 @@ from pathlib import Path  # noqa: E402
 import gevent  # noqa: E402
 from gevent.event import Event  # noqa: E402
 
-from lib import blocked, commands, embedded, errors, logs, registry_check, workers  # noqa: E402
+from lib import blocked, commands, embedded, errors, httpd, logs, registry_check, workers  # noqa: E402
 from lib.clock import Clock, Scheduled  # noqa: E402
 from lib.db import DB, is_conn_failure  # noqa: E402
 from lib.errors import Outage  # noqa: E402
@@ -62,7 +62,13 @@ def main(registry: Registry, argv: Sequence[str] | None = None, schedule: Sequen
         migrate(db)
         if args.command in (None, "run"):
             return run(
-                db, registry, shutdown_window=args.shutdown_window, lease=settings.lease_seconds, schedule=schedule
+                db,
+                registry,
+                shutdown_window=args.shutdown_window,
+                lease=settings.lease_seconds,
+                schedule=schedule,
+                http_addr=settings.http_addr,
+                admin_token=settings.admin_token,
             )
         return _operate(db, args, registry)
     finally:
@@ -267,10 +273,13 @@ def run(
     schedule: Sequence[Scheduled] = (),
     stop: Event | None = None,
     supervisor: Supervisor | None = None,
+    http_addr: tuple[str, int] | None = None,
+    admin_token: str | None = None,
 ) -> int:
     """One supervised greenlet per poller slot, and the listener, the lease
-    keeper and the clock, until SIGTERM/SIGINT (or stop); then stop claiming,
-    give running jobs the shutdown window, and write off the rest."""
+    keeper, the clock and the HTTP endpoints (at http_addr; None: none),
+    until SIGTERM/SIGINT (or stop); then stop claiming, give running jobs the
+    shutdown window, and write off the rest."""
     stop = stop or Event()
     supervisor = supervisor or Supervisor(stop)
     # One report for an outage of the database, not one per queue or part.
@@ -293,6 +302,20 @@ def run(
     helpers = [supervisor.spawn("leases", leases.run), supervisor.spawn("listener", listener.run)]
     if schedule:
         helpers.append(supervisor.spawn("clock", Clock(db, list(schedule)).run))
+    if http_addr is not None:
+        server = httpd.for_worker(
+            db,
+            http_addr,
+            admin_token=admin_token,
+            queues=[p.queue for p in pollers],
+            listener=listener,
+            supervisor=supervisor,
+            stop=stop,
+            outage=outage,
+        )
+        helpers.append(supervisor.spawn("http", server.serve))
+    elif admin_token:
+        log.warning("JOBS_ADMIN_TOKEN is set but JOBS_HTTP_ADDR is off: there is no admin page")
     greenlets = [
         supervisor.spawn(f"queue={p.queue} slot={slot}", partial(p.run_slot, slot=slot))
         for p in pollers

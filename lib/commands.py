@@ -19,6 +19,7 @@ from typing import IO, Any
 
 from tqdm import tqdm
 
+from lib import stats
 from lib import status as st
 from lib.insert import InvalidJob, insert
 from lib.logs import one_line
@@ -102,18 +103,14 @@ def failed(db: Any, args: argparse.Namespace, out: IO[str]) -> int:
 
 def show(db: Any, args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     """One job in full, args included: asked for by id."""
-    row = db.query_row(Q.job_get, {"id": args.id})
-    if row is None:
+    job = stats.job(db, args.id)
+    if job is None:
         print(f"show: no job {args.id}", file=err)
         return 1
-    keys = ("id", "queue", "name", "status", "args", "priority", "run_at", "attempts", "max_attempts")
-    keys += ("last_error", "callsite", "worker_id", "slot", "lease_until", "dedupe")
-    keys += ("created_at", "started_at", "finished_at")
-    job = dict(zip(keys, row, strict=True))
     if args.json:
         _json(out, job)
         return 0
-    width = max(map(len, keys)) + 2
+    width = max(map(len, job)) + 2
     for key, value in job.items():
         if key != "args":
             shown = _time(value) if isinstance(value, datetime) else one_line(str(value)) if value is not None else "-"

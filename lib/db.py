@@ -23,6 +23,7 @@ import psycopg2
 import psycopg2.errors
 import psycopg2.extensions
 
+from lib import metrics
 from lib.sql import STATEMENTS, Q
 
 log = logging.getLogger("jobs.db")
@@ -227,6 +228,7 @@ class DB(_Runner):
         self._idle: queue.LifoQueue[_Pooled] = queue.LifoQueue()
         self._slots = threading.Semaphore(size)
         self._closed = False
+        self.in_use = 0  # connections checked out now (for /metrics)
 
     @classmethod
     def connect(cls, dsn: str, size: int = 10, **options: Any) -> DB:
@@ -279,8 +281,10 @@ class DB(_Runner):
     def _checkout(self) -> _Pooled:
         if self._closed:
             raise RuntimeError("the pool is closed")
+        began = time.monotonic()
         if not self._slots.acquire(timeout=self.checkout_timeout):
             raise PoolTimeout(f"no connection free within {self.checkout_timeout}s (pool size {self.size})")
+        metrics.checkout_waited(time.monotonic() - began)
         try:
             while True:
                 try:
@@ -307,11 +311,13 @@ class DB(_Runner):
         except psycopg2.Error:
             pooled.conn.close()
         finally:
+            self.in_use -= 1
             self._slots.release()
 
     @contextmanager
     def _checked_out(self) -> Iterator[psycopg2.extensions.connection]:
         pooled = self._checkout()
+        self.in_use += 1
         try:
             yield pooled.conn
         except BaseException as exc:

@@ -22,6 +22,7 @@ import gevent
 import psycopg2
 from gevent.event import Event
 
+from lib import metrics
 from lib.db import DB, connect_options
 from lib.errors import Outage, capture
 from lib.sql import Q
@@ -146,6 +147,7 @@ class Leases:
         rows = self.db.query(Q.job_rescue, {"legacy_age": age, "worker_id": self.worker_id, "held": self.held_ids()})
         for job_id, queue, name, status in rows:
             log.warning("queue=%s job=%s id=%d rescued from a lost worker: %s", queue, name, job_id, status)
+            metrics.rescued(queue)
         for queue in {r[1] for r in rows}:
             # The lost worker held the queue's slot; whoever runs the queue may go on.
             self.db.exec(Q.queue_notify, {"queue": queue})

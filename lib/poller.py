@@ -17,6 +17,7 @@ import gevent.pool
 from gevent.event import Event
 from greenlet import GreenletExit
 
+from lib import metrics
 from lib import status as st
 from lib.db import DB, is_conn_failure, is_data_error, is_server_error, is_unique_violation
 from lib.errors import Outage, capture
@@ -419,6 +420,7 @@ class Poller:
                 "worker": self.leases.worker_id,
             },
         )
+        metrics.job_done(self.queue, outcome, elapsed)
         if delay > 0:
             (stop or Event()).wait(delay)
         return outcome.status, looked

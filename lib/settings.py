@@ -13,10 +13,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import unquote
 
-from lib.redact import scrub
+from lib.redact import REDACTED, scrub
 
 DEFAULT_SHUTDOWN_WINDOW = 30.0
 DEFAULT_LEASE_SECONDS = 30.0
+# Loopback: the endpoints (and the admin page) are for the machine itself and
+# an SSH tunnel to it, not for the network.
+DEFAULT_HTTP_ADDR = ("127.0.0.1", 9400)
+# A token short enough to guess would make the constant-time compare pointless.
+MIN_ADMIN_TOKEN = 16
 
 # The password of a URL (scheme://user:password@host) or a key/value DSN
 # (password=... or password='...'), as written: it may be malformed itself.
@@ -40,6 +45,8 @@ class Settings:
     lease_seconds: float = DEFAULT_LEASE_SECONDS
     log_level: str = "INFO"
     log_format: str = "text"  # or "json": one JSON object per line
+    http_addr: tuple[str, int] | None = DEFAULT_HTTP_ADDR  # None: no HTTP server
+    admin_token: str | None = None  # None: no admin page
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
@@ -60,13 +67,16 @@ class Settings:
             lease_seconds=seconds("JOBS_LEASE_SECONDS", env.get("JOBS_LEASE_SECONDS"), DEFAULT_LEASE_SECONDS, low=1),
             log_level=level,
             log_format=log_format,
+            http_addr=http_addr(env.get("JOBS_HTTP_ADDR")),
+            admin_token=admin_token(env.get("JOBS_ADMIN_TOKEN")),
         )
 
     def __repr__(self) -> str:
         url = masked_dsn(self.database_url) if self.database_url else None
         return (
             f"Settings(database_url={url!r}, shutdown_window={self.shutdown_window!r}, "
-            f"lease_seconds={self.lease_seconds!r}, log_level={self.log_level!r}, log_format={self.log_format!r})"
+            f"lease_seconds={self.lease_seconds!r}, log_level={self.log_level!r}, log_format={self.log_format!r}, "
+            f"http_addr={self.http_addr!r}, admin_token={REDACTED if self.admin_token else None!r})"
         )
 
 
@@ -81,6 +91,37 @@ def seconds(name: str, text: str | None, default: float, *, low: float, high: fl
     if not low <= value <= high:  # NaN fails both
         raise SettingError(f"{name} must be a number of seconds from {low:g} to {high:g}, got {text!r}")
     return value
+
+
+def http_addr(text: str | None) -> tuple[str, int] | None:
+    """JOBS_HTTP_ADDR: host:port ([::1]:port for IPv6), or off; the default when unset."""
+    if text is None or not text.strip():
+        return DEFAULT_HTTP_ADDR
+    text = text.strip()
+    if text.lower() == "off":
+        return None
+    host, sep, port = text.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        host = ""  # an IPv6 address without brackets: its port cannot be told apart
+    good_host = bool(host) and host.isprintable() and " " not in host
+    if not sep or not good_host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise SettingError(f"JOBS_HTTP_ADDR must be host:port (or [v6]:port, or off), got {text!r}")
+    return host, int(port)
+
+
+def admin_token(text: str | None) -> str | None:
+    """JOBS_ADMIN_TOKEN: the admin page's token; unset or empty turns the page off."""
+    if not text:
+        return None
+    if len(text) < MIN_ADMIN_TOKEN or not text.isprintable() or text != text.strip():
+        # The value is never quoted: it is a secret, and may be one mistyped.
+        raise SettingError(
+            f"JOBS_ADMIN_TOKEN must be at least {MIN_ADMIN_TOKEN} printable characters without"
+            " surrounding spaces (try: openssl rand -hex 32)"
+        )
+    return text
 
 
 def dsn_password(dsn: str) -> str | None:

@@ -94,3 +94,17 @@ def workers(db: Any, *, now: datetime | None = None) -> list[WorkerInfo]:
         WorkerInfo(id=i, host=h, pid=p, started_at=s, last_seen=seen, queues=list(q), alive=a, holding=n)
         for i, h, p, s, seen, q, a, n in rows
     ]
+
+
+# job_get's columns, in its order.
+JOB_COLUMNS = (
+    *("id", "queue", "name", "status", "args", "priority", "run_at", "attempts", "max_attempts"),
+    *("last_error", "callsite", "worker_id", "slot", "lease_until", "dedupe"),
+    *("created_at", "started_at", "finished_at"),
+)
+
+
+def job(db: Any, job_id: int) -> dict[str, Any] | None:
+    """One job, every column (args included: only for a person who asked), or None."""
+    row = db.query_row(Q.job_get, {"id": job_id})
+    return None if row is None else dict(zip(JOB_COLUMNS, row, strict=True))

@@ -2,6 +2,7 @@ from gevent import monkey
 
 monkey.patch_all()  # before anything imports socket, ssl or threading users
 
+import os  # noqa: E402
 import uuid  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
 from contextlib import contextmanager  # noqa: E402
@@ -18,6 +19,10 @@ from lib.db import DB  # noqa: E402
 from lib.migrate import migrate  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# Every worker process a test starts would serve HTTP on the same default port
+# (and so would other suites on this machine): off unless a test asks for it.
+os.environ["JOBS_HTTP_ADDR"] = "off"
 
 
 def _with_database(url: str, name: str) -> str:

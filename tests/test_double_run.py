@@ -37,6 +37,7 @@ class Workers:
                 [sys.executable, str(LEASE_WORKER)],
                 env={
                     "PATH": "/usr/bin:/bin",
+                    "JOBS_HTTP_ADDR": "off",
                     "DATABASE_URL": url,
                     "JOBS_LEASE_SECONDS": str(LEASE),
                     "RUNS_FILE": str(self.tmp_path / "runs"),

@@ -102,7 +102,12 @@ def test_each_bad_row_ends_with_its_reason_and_the_queue_goes_on(poison_db, data
     with open(log_file, "w") as log:
         proc = subprocess.Popen(
             [sys.executable, str(POISON_WORKER)],
-            env={"PATH": "/usr/bin:/bin", "DATABASE_URL": database_url, "SENTRY_EVENTS_FILE": str(events_file)},
+            env={
+                "PATH": "/usr/bin:/bin",
+                "JOBS_HTTP_ADDR": "off",
+                "DATABASE_URL": database_url,
+                "SENTRY_EVENTS_FILE": str(events_file),
+            },
             stdout=log,
             stderr=subprocess.STDOUT,
         )

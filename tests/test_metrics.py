@@ -1,0 +1,280 @@
+"""/metrics, read back with prometheus-client's own parser: the per-queue
+gauges against the rows written, this process's counters against the jobs it
+ran, and the one scrape query on its indexes with a million finished rows."""
+
+from datetime import UTC, datetime, timedelta
+
+import gevent
+import psycopg2
+import pytest
+import requests
+from gevent.event import Event
+from http_support import serving
+from prometheus_client.parser import text_string_to_metric_families
+from proxy import Proxy
+from tests_support import wait_for
+
+from lib import metrics, stats
+from lib.db import DB, is_conn_failure
+from lib.httpd import Health, make_app
+from lib.insert import insert
+from lib.leases import Leases
+from lib.poller import Poller, Snooze
+from lib.queue_state import pause
+from lib.sql import Q, statement
+from lib.supervise import Supervisor
+from lib.wakeups import Listener
+
+
+def scrape(base: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of a scrape, by name and labels, as Prometheus would read it."""
+    answer = requests.get(f"{base}/metrics", timeout=10)
+    assert answer.status_code == 200
+    assert answer.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(answer.text)
+        for sample in family.samples
+    }
+
+
+def value(samples, name: str, **labels: str) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+class Recording:
+    """The pool, with every statement it is handed noted: what a scrape sends."""
+
+    def __init__(self, db: DB) -> None:
+        self.db = db
+        self.sent: list[str] = []
+
+    def query(self, sql, params=None):
+        self.sent.append(sql)
+        return self.db.query(sql, params)
+
+
+def _plant(db, queue: str, status: str, n: int = 1, **cols: str) -> None:
+    names = ", ".join(["queue", "name", "status", *cols])
+    values = ", ".join([f"'{queue}'", f"'{queue}.N'", f"'{status}'", *cols.values()])
+    db.exec(f"INSERT INTO jobs ({names}) SELECT {values} FROM generate_series(1, {n}) AS i")
+
+
+def test_each_queue_gauge_matches_the_rows_written(db):
+    _plant(db, "mail", "pending", 3, run_at="now() - interval '120 seconds'")
+    _plant(db, "mail", "pending", 1, run_at="now() - interval '5 seconds'")
+    _plant(db, "mail", "pending", 2, run_at="now() + interval '1 hour'")  # delayed: pending, not due
+    _plant(db, "mail", "started", 1, worker_id="'w'", slot="0", lease_until="now() + interval '30 seconds'")
+    _plant(db, "mail", "ok", 4, finished_at="now()")  # finished: in no gauge
+    _plant(db, "sms", "started", 2, worker_id="'w'", slot="i", lease_until="now()")
+    pause(db, "sms", "vendor outage")
+    pause(db, "old", "over", until=datetime.now(UTC) - timedelta(minutes=1))  # a pause that has ended
+    registry = metrics.registry(db, stats=stats.queue_stats, queues=["idle"])
+    with serving(make_app(Health(db), registry)) as base:
+        got = scrape(base)
+    assert value(got, "jobs_queue_stats_up") == 1
+    assert value(got, "jobs_queue_pending", queue="mail") == 6
+    assert value(got, "jobs_queue_due", queue="mail") == 4
+    assert value(got, "jobs_queue_running", queue="mail") == 1
+    assert 120 <= value(got, "jobs_queue_oldest_due_age_seconds", queue="mail") < 180
+    assert value(got, "jobs_queue_paused", queue="mail") == 0
+    assert value(got, "jobs_queue_running", queue="sms") == 2
+    assert value(got, "jobs_queue_pending", queue="sms") == 0
+    assert value(got, "jobs_queue_oldest_due_age_seconds", queue="sms") == 0
+    assert value(got, "jobs_queue_paused", queue="sms") == 1
+    assert value(got, "jobs_queue_paused", queue="old") == 0
+    # A queue this worker runs is there with zeros before it has a row.
+    assert ("jobs_queue_pending", (("queue", "idle"),)) in got
+    assert {labels for name, labels in got if name == "jobs_queue_pending"} == {
+        (("queue", q),) for q in ("idle", "mail", "old", "sms")
+    }
+
+
+def test_the_queue_gauges_cost_one_query_per_scrape_and_are_kept_a_few_seconds(db):
+    _plant(db, "q", "pending", 1)
+    recording = Recording(db)
+    now = [1000.0]
+    collector = metrics.QueueCollector(recording, stats.queue_stats, ["q"], ttl=5.0, clock=lambda: now[0])
+    registry = metrics.registry()
+    registry.register(collector)
+    with serving(make_app(Health(db), registry)) as base:
+        assert value(scrape(base), "jobs_queue_pending", queue="q") == 1
+        _plant(db, "q", "pending", 1)
+        now[0] += 4.9
+        # Scrapes that come together, and any within the TTL, share the answer.
+        scrapes = [gevent.spawn(scrape, base) for _ in range(5)]
+        gevent.joinall(scrapes, raise_error=True)
+        assert {value(s.value, "jobs_queue_pending", queue="q") for s in scrapes} == {1}
+        now[0] += 0.2
+        assert value(scrape(base), "jobs_queue_pending", queue="q") == 2
+    assert recording.sent == [Q.queue_stats, Q.queue_stats]
+
+
+def test_a_scrape_while_the_database_is_down_still_answers_with_the_process_metrics(database_url):
+    proxy = Proxy(database_url)
+    db = DB.connect(proxy.url, size=2, connect_timeout=2)
+    try:
+        collector = metrics.QueueCollector(db, stats.queue_stats, ["q"], ttl=0, conn_failure=is_conn_failure)
+        registry = metrics.registry(db)
+        registry.register(collector)
+        with serving(make_app(Health(db), registry)) as base:
+            assert value(scrape(base), "jobs_queue_stats_up") == 1
+            proxy.down()
+            got = scrape(base)
+            assert value(got, "jobs_queue_stats_up") == 0
+            assert not [name for name, _ in got if name.startswith("jobs_queue_") and name != "jobs_queue_stats_up"]
+            assert value(got, "jobs_pool_size") == 2
+            # A lost connection is the database's outage (shared with the worker), not a fault of the scrape.
+            assert collector.outage.failing and not collector.fault.failing
+            proxy.up()
+            wait_for(lambda: value(scrape(base), "jobs_queue_stats_up") == 1, 20)
+            assert not collector.outage.failing
+    finally:
+        db.close()
+        proxy.close()
+
+
+def _fails(job):
+    raise RuntimeError("boom")
+
+
+def _snoozes(job):
+    raise Snooze(60, "skip: rate limited")
+
+
+def test_this_processes_counters_follow_the_jobs_it_ran(db):
+    handlers = {
+        "c.Ok": lambda job: "ok: done",
+        "c.Fail": lambda job: "fail: no such user",
+        "c.Skip": lambda job: "skip: nothing to do",
+        "c.Err": _fails,
+        "c.Snooze": _snoozes,
+    }
+    poller = Poller("counted", db, handlers)
+    registry = metrics.registry(db)
+    with serving(make_app(Health(db), registry)) as base:
+        before = scrape(base)
+        for name in handlers:
+            insert(db, "counted", name, {})
+        insert(db, "counted", "c.Err", {"again": True}, max_attempts=2)  # its first failure is a retry
+        while poller.work_once() is not None:
+            pass
+        after = scrape(base)
+
+    def delta(name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    assert {k: delta("jobs_finished_total", queue="counted", kind=k) for k in ("ok", "fail", "skip", "err")} == {
+        "ok": 1,
+        "fail": 1,
+        "skip": 1,
+        "err": 1,
+    }
+    assert delta("jobs_retries_total", queue="counted") == 1
+    assert delta("jobs_snoozes_total", queue="counted") == 1
+    # Every attempt is timed: six of them, the retry and the snooze included.
+    assert delta("jobs_duration_seconds_count", queue="counted") == 6
+    assert delta("jobs_duration_seconds_bucket", queue="counted", le="+Inf") == 6
+    assert delta("jobs_pool_checkout_wait_seconds_count") > 0
+
+
+def test_rescues_restarts_pool_and_listener(db, database_url):
+    _plant(db, "lost", "started", 2, worker_id="'gone'", slot="i", lease_until="now() - interval '1 minute'")
+    stop = Event()
+    supervisor = Supervisor(stop, first_delay=0.01)
+    deaths = []
+
+    def dies_twice(stop_: Event) -> None:
+        if len(deaths) < 2:
+            deaths.append(1)
+            raise RuntimeError("a bug")
+        stop_.wait()
+
+    listener = Listener(database_url, wake=lambda queue: None, wake_all=lambda: None)
+    registry = metrics.registry(db, listener=listener, supervisor=supervisor)
+    with serving(make_app(Health(db), registry)) as base:
+        before = scrape(base)
+        assert value(before, "jobs_listener_connected") == 0
+        assert value(before, "jobs_pool_size") == db.size == 8
+        Leases(db).rescue()
+        supervisor.spawn("flaky", dies_twice)
+        supervisor.spawn("listener", listener.run)
+        try:
+            wait_for(lambda: supervisor.restarts["flaky"] == 2 and listener.listening.is_set(), 10)
+            with db.connection():  # one connection checked out while the scrape reads the pool
+                during = scrape(base)
+        finally:
+            stop.set()
+            gevent.killall(list(supervisor.greenlets.values()))
+    assert value(during, "jobs_rescues_total", queue="lost") - value(before, "jobs_rescues_total", queue="lost") == 2
+    assert value(during, "jobs_part_restarts_total", part="flaky") == 2
+    assert value(during, "jobs_part_restarts_total", part="listener") == 0
+    assert value(during, "jobs_listener_connected") == 1
+    # The scrape's own queries use the pool too; the held one is always there.
+    assert value(during, "jobs_pool_in_use") >= 1
+    assert db.in_use == 0
+
+
+def test_the_scrape_query_stays_on_indexes_with_a_million_finished_rows(db, database_url):
+    """A scrape with a million finished rows kept: it sends one statement,
+    and that statement, in the generic plan the pool's prepared statement
+    settles on, reads no table of jobs from end to end and touches a few
+    hundred pages at most. The admin page's failures list rides along (the
+    million rows take most of this test's 6 s): it reads failures only."""
+    with db.connection() as conn, conn.cursor() as cur:
+        # No per-row triggers (the wakeup notify): not what this test is about, and they triple the insert time.
+        cur.execute("SET session_replication_role = replica")
+        cur.execute(
+            "INSERT INTO jobs (queue, name, status, finished_at, attempts) "
+            "SELECT 'q' || (i % 20), 'q.N', CASE WHEN i % 10 = 0 THEN 'err: x' ELSE 'ok' END, "
+            "now() - interval '2 days' - i * interval '1 second', 1 "
+            "FROM generate_series(1, 1000000) AS i"
+        )
+        cur.execute("SET session_replication_role = DEFAULT")
+    _plant(db, "q1", "pending", 3)
+    _plant(db, "q1", "ok", 1, finished_at="now()")
+    db.exec("ANALYZE jobs")
+    recording = Recording(db)
+    registry = metrics.registry()
+    registry.register(metrics.QueueCollector(recording, stats.queue_stats, ["q1"]))
+    with serving(make_app(Health(db), registry)) as base:
+        assert value(scrape(base), "jobs_queue_pending", queue="q1") == 3
+    assert len(recording.sent) == 1
+    plan = _generic_plan(database_url, recording.sent[0], {"queues": ["q1"]})
+    assert "Seq Scan on jobs" not in plan, plan
+    assert "jobs_finished" in plan, plan
+    hit = int(plan.split("Buffers: shared hit=")[1].split()[0].split(",")[0])
+    assert hit < 500, plan
+    for filters in ({"queue": None, "name": None}, {"queue": "q1", "name": "q1.N"}):
+        plan = _generic_plan(database_url, Q.job_failed_list, {**filters, "limit": 100})
+        assert "Seq Scan on jobs" not in plan, plan
+        assert "jobs_failed" in plan, plan
+
+
+def _generic_plan(database_url: str, sql: str, params: dict) -> str:
+    """EXPLAIN ANALYZE of sql as the pool runs it: prepared, in the generic
+    plan Postgres keeps after a few runs (forced here rather than waited for)."""
+    stmt = statement("scrape_explained", sql)
+    conn = psycopg2.connect(database_url)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SET plan_cache_mode = force_generic_plan")
+            cur.execute(stmt.prepare)
+            cur.execute("EXPLAIN (ANALYZE, BUFFERS) " + stmt.execute, [params[name] for name in stmt.params])
+            return "\n".join(row[0] for row in cur.fetchall())
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("bad", ["nonsense: status", ""])
+def test_a_status_outside_the_vocabulary_is_counted_as_err_never_raised(bad):
+    class Outcome:
+        status = bad
+        retry_in = None
+        counted = True
+
+    registry = metrics.registry()
+    labels = {"queue": "odd", "kind": "err"}
+    before = registry.get_sample_value("jobs_finished_total", labels) or 0.0
+    metrics.job_done("odd", Outcome(), 0.1)
+    assert registry.get_sample_value("jobs_finished_total", labels) == before + 1
