@@ -56,6 +56,12 @@ def is_unique_violation(exc: BaseException) -> bool:
     return isinstance(exc, psycopg2.errors.UniqueViolation)
 
 
+def is_database_error(exc: BaseException) -> bool:
+    """exc came from the database or the way to it (the driver, the pool), not
+    from a bug in the code that called it."""
+    return isinstance(exc, psycopg2.Error | PoolTimeout)
+
+
 def is_server_error(exc: BaseException) -> bool:
     """The server answered that it refused the statement (bad SQL, a
     constraint, a bad value): nothing of its transaction committed, and the

@@ -23,7 +23,7 @@ import psycopg2
 from gevent.event import Event
 
 from lib import metrics
-from lib.db import DB, connect_options
+from lib.db import DB, connect_options, is_database_error
 from lib.errors import Outage, capture
 from lib.sql import Q
 
@@ -172,6 +172,8 @@ class Leases:
                         self.seen()
                         self.outage.recovered()
                     except Exception as exc:
+                        if not is_database_error(exc):
+                            raise  # a bug: the supervisor reports it and restarts this part
                         self.outage.failed(exc)
                     next_rescue = time.monotonic() + period
                 # Often enough that a fence comes before the lease lapses.

@@ -19,7 +19,7 @@ from greenlet import GreenletExit
 
 from lib import metrics
 from lib import status as st
-from lib.db import DB, is_conn_failure, is_data_error, is_server_error, is_unique_violation
+from lib.db import DB, is_conn_failure, is_data_error, is_database_error, is_server_error, is_unique_violation
 from lib.errors import Outage, capture
 from lib.insert import MAX_ARGS_BYTES
 from lib.leases import LeaseLost, Leases
@@ -250,11 +250,14 @@ class Poller:
 
     def _claim_failed(self, exc: BaseException) -> None:
         """A lost connection is the database's outage, shared by every part of
-        the worker; anything else is this queue's own fault, reported apart."""
-        if is_conn_failure(exc) or not is_server_error(exc):
-            self.outage.failed(exc, queue=self.queue)
-        else:
+        the worker; a statement the server refused is this queue's own fault,
+        reported apart; anything else is a bug, for the supervisor to report."""
+        if not is_database_error(exc):
+            raise exc
+        if is_server_error(exc):
             self.claim_fault.failed(exc, queue=self.queue)
+        else:
+            self.outage.failed(exc, queue=self.queue)
 
     def work_once(self, job: PendingJob | None = None, *, slot: int = 0, stop: Event | None = None) -> str | None:
         """Claim (the given job, or the queue's next due one), run and finalize it;
