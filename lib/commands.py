@@ -59,7 +59,7 @@ def status(db: Any, args: argparse.Namespace, out: IO[str], *, queues: Iterable[
             s.due,
             s.delayed,
             s.running,
-            _age(s.oldest_due_age_s),
+            stats.age(s.oldest_due_age_s),
             *(s.done_1h[k] for k in ("ok", "fail", "skip", "err")),
             s.retrying,
             _time(s.throttled_until),
@@ -305,7 +305,7 @@ def _worker_json(w: WorkerInfo) -> dict[str, Any]:
 
 
 def _worker_row(w: WorkerInfo, now: datetime, *, holding: bool = False) -> list[Any]:
-    seen = f"{_age((now - w.last_seen).total_seconds())} ago"
+    seen = f"{stats.age((now - w.last_seen).total_seconds())} ago"
     return [w.id, w.host, w.pid, _time(w.started_at), seen, *([w.holding] if holding else []), ", ".join(w.queues)]
 
 
@@ -335,20 +335,6 @@ def _time(value: datetime | None) -> str:
     if value == FOREVER:
         return "never"
     return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
-
-
-def _age(seconds: float | None) -> str:
-    """A duration as a person reads it: 42s, 3m12s, 2h05m, 3d04h."""
-    if seconds is None:
-        return "-"
-    s = max(0, int(seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
 
 
 def _pause(s: QueueStats) -> str:

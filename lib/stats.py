@@ -108,3 +108,17 @@ def job(db: Any, job_id: int) -> dict[str, Any] | None:
     """One job, every column (args included: only for a person who asked), or None."""
     row = db.query_row(Q.job_get, {"id": job_id})
     return None if row is None else dict(zip(JOB_COLUMNS, row, strict=True))
+
+
+def age(seconds: float | None) -> str:
+    """A duration as a person reads it: 42s, 3m12s, 2h05m, 3d04h; "-" for none."""
+    if seconds is None:
+        return "-"
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"

@@ -86,7 +86,7 @@ class Admin:
             trim_blocks=True,
             lstrip_blocks=True,
         )
-        self.env.filters.update(when=_when, ago=_ago, left=_left, seconds=_seconds)
+        self.env.filters.update(when=_when, ago=_ago, left=_left, seconds=stats.age)
 
     # -- auth
 
@@ -334,7 +334,7 @@ def _when(value: datetime | None) -> str:
 def _ago(value: datetime | None) -> str:
     if value is None:
         return ""
-    return _seconds((datetime.now(UTC) - value).total_seconds()) + " ago"
+    return stats.age((datetime.now(UTC) - value).total_seconds()) + " ago"
 
 
 def _left(value: datetime | None) -> str:
@@ -343,17 +343,4 @@ def _left(value: datetime | None) -> str:
         return ""
     if value.year >= 9999:
         return "until resumed"
-    return "for " + _seconds((value - datetime.now(UTC)).total_seconds())
-
-
-def _seconds(value: float | None) -> str:
-    if value is None:
-        return ""
-    value = max(0.0, value)
-    if value < 90:
-        return f"{value:.0f}s"
-    if value < 5400:
-        return f"{value / 60:.0f}m"
-    if value < 172800:
-        return f"{value / 3600:.1f}h"
-    return f"{value / 86400:.1f}d"
+    return "for " + stats.age((value - datetime.now(UTC)).total_seconds())
