@@ -1,0 +1,187 @@
+"""A newcomer's first hour, as the README tells it.
+
+In a copy of the project, the code blocks under "Write a queue" and "Enqueue"
+are read from README.md itself (by their place under those headings, so the
+README cannot drift from what works), written where the README says, and run:
+the worker as `python worker.py`, the enqueue as a plain program outside the
+checkout that imports `lib` the documented way.
+"""
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from tests.tests_support import wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
+# Not part of the project a newcomer copies: their own data, environment and history.
+NOT_COPIED = shutil.ignore_patterns(".venv", ".pgdata", ".git", "__pycache__", ".ci")
+
+
+def readme_blocks(heading: str, lang: str = "python") -> list[str]:
+    """The fenced blocks of one language under a "## heading" of README.md, in order."""
+    text = (ROOT / "README.md").read_text()
+    match = re.search(rf"^## {re.escape(heading)}\n(.*?)(?=^## |\Z)", text, re.MULTILINE | re.DOTALL)
+    assert match, f"README.md has no section {heading!r}"
+    return re.findall(rf"^```{lang}\n(.*?)^```", match.group(1), re.MULTILINE | re.DOTALL)
+
+
+def _without_tokens() -> dict[str, str]:
+    # The API queues stay off: the example queue is the one under test.
+    return {k: v for k, v in os.environ.items() if not k.endswith(("_TOKEN", "_API_KEY"))}
+
+
+class Worker:
+    """`python worker.py` in the copy; its output gathered by a thread so a
+    test can wait for a line."""
+
+    def __init__(self, project: Path, database_url: str) -> None:
+        self.lines: list[str] = []
+        env = {**_without_tokens(), "DATABASE_URL": database_url, "LOG_LEVEL": "INFO"}
+        self.proc = subprocess.Popen(
+            [sys.executable, "worker.py"],
+            cwd=project,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def wait_for_line(self, text: str, timeout: float = 30.0) -> None:
+        try:
+            wait_for(lambda: text in self.output or self.proc.poll() is not None, timeout)
+        except AssertionError:
+            raise AssertionError(f"worker never logged {text!r}:\n{self.output}") from None
+        assert text in self.output, self.output
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """A copy of the project with the README's example queue written and
+    registered as the README says."""
+    copy = tmp_path / "jobs"
+    shutil.copytree(ROOT, copy, ignore=NOT_COPIED)
+    queue_code, schedule_entry = readme_blocks("Write a queue")[:2]
+    # The block names its own file on its first line.
+    first = queue_code.splitlines()[0]
+    assert first.startswith("# "), first
+    target = copy / first[2:].strip()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(queue_code)
+    # "add `example` to the line `from queues import ...` and `example.make_worker` to `REGISTRY`"
+    registry = copy / "queues" / "__init__.py"
+    text = registry.read_text()
+    text, imported = re.subn(r"^(from queues import .*)$", r"\1, example", text, count=1, flags=re.MULTILINE)
+    text, added = re.subn(r"^(REGISTRY\b.*= \[)$", r"\1\n    example.make_worker,", text, count=1, flags=re.MULTILINE)
+    assert imported == added == 1, text
+    registry.write_text(text)
+    # The entry goes into SCHEDULE in queues/schedule.py.
+    schedule = copy / "queues" / "schedule.py"
+    text, added = re.subn(
+        r"^(SCHEDULE\b.*= \[)$",
+        lambda m: f"{m[1]}\n    {schedule_entry.strip()},",
+        schedule.read_text(),
+        count=1,
+        flags=re.MULTILINE,
+    )
+    assert added == 1
+    schedule.write_text(text)
+    return copy
+
+
+def run_in(project: Path, database_url: str, *argv: str, cwd: Path | None = None, env: dict | None = None):
+    return subprocess.run(
+        [sys.executable, *argv],
+        cwd=cwd or project,
+        env={**os.environ, "DATABASE_URL": database_url, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def enqueue_as_readme(project: Path, database_url: str, tmp_path: Path) -> int:
+    """The Enqueue block as its own program outside the checkout, importing
+    lib through PYTHONPATH as the README says; checked never to load gevent."""
+    program = tmp_path / "app" / "greet.py"
+    program.parent.mkdir(exist_ok=True)
+    program.write_text(readme_blocks("Enqueue")[0])
+    check = (
+        f"import runpy, sys; runpy.run_path({str(program)!r}, run_name='__main__'); assert 'gevent' not in sys.modules"
+    )
+    done = run_in(project, database_url, "-c", check, cwd=program.parent, env={"PYTHONPATH": str(project)})
+    assert done.returncode == 0, done.stderr
+    found = re.search(r"enqueued job (\d+)", done.stdout)
+    assert found, done.stdout
+    return int(found[1])
+
+
+def status_of(db, job_id: int) -> str:
+    return db.query_row("SELECT status FROM jobs WHERE id = %s", (job_id,))[0]
+
+
+def finished(db, job_id: int, timeout: float = 30) -> str:
+    """The job's status once it is terminal (not pending or started)."""
+    return wait_for(lambda: (s := status_of(db, job_id)) not in ("pending", "started") and s, timeout)
+
+
+def fire_schedule(project: Path, database_url: str) -> None:
+    """One tick of the project's clock at 00:00 UTC (every cadence matches
+    midnight), from the copy's own schedule: no minute-long wait."""
+    code = (
+        "from gevent import monkey; monkey.patch_all()\n"
+        "import os\n"
+        "from datetime import UTC, datetime\n"
+        "from lib.clock import Clock\n"
+        "from lib.db import DB\n"
+        "from queues.schedule import SCHEDULE\n"
+        "db = DB.connect(os.environ['DATABASE_URL'], size=1)\n"
+        "print(Clock(db, [e for e in SCHEDULE if e.queue == 'example']).tick(datetime(2026, 1, 1, tzinfo=UTC)))\n"
+    )
+    done = run_in(project, database_url, "-c", code)
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_readme_example_queue_runs_enqueued_and_scheduled_jobs(db, database_url, project, tmp_path):
+    db.exec("DROP TABLE IF EXISTS greetings")  # the README program's own table, from an earlier test
+    worker = Worker(project, database_url)
+    try:
+        worker.wait_for_line("queues: ")
+        assert "example" in worker.output.split("queues: ")[1].splitlines()[0], worker.output
+        job_id = enqueue_as_readme(project, database_url, tmp_path)
+        assert finished(db, job_id) == "ok: greeted Ada"
+        # The same transaction wrote the program's own row.
+        assert db.query_row("SELECT count(*) FROM greetings WHERE name = 'Ada'")[0] == 1
+
+        fire_schedule(project, database_url)
+        scheduled = wait_for(lambda: db.query_row("SELECT id, status, args FROM jobs WHERE callsite LIKE 'clock:%%'"))
+        # The handler read the entry's args.
+        assert finished(db, scheduled[0]) == "ok: greeted the team"
+    finally:
+        worker.stop()
