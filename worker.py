@@ -18,7 +18,7 @@ from pathlib import Path  # noqa: E402
 import gevent  # noqa: E402
 from gevent.event import Event  # noqa: E402
 
-from lib import blocked, commands, embedded, errors, logs, registry_check, workers  # noqa: E402
+from lib import blocked, commands, embedded, errors, logs, queue_state, registry_check, workers  # noqa: E402
 from lib.clock import Clock, Scheduled  # noqa: E402
 from lib.db import DB, is_conn_failure  # noqa: E402
 from lib.errors import Outage  # noqa: E402
@@ -234,6 +234,12 @@ def _json_object(text: str) -> dict:
 def _operate(db: DB, args: argparse.Namespace, registry: Registry) -> int:
     """The operator's commands; each prints what it did (lib/commands.py)."""
     out, err = sys.stdout, sys.stderr
+    if args.command in ("pause", "resume", "redrive", "retry") and args.queue is not None:
+        # A slip in a queue's name would pause nothing, or find nothing to redrive, and say it did.
+        known = registry_check.handled(registry, [])
+        if args.queue not in known:
+            print(f"{args.command}: no queue {args.queue!r} is registered (queues: {', '.join(known)})", file=err)
+            return 2
     if args.command in ("redrive", "retry"):
         return commands.redrive_failed(db, args, out, err)
     if args.command == "failed":
@@ -285,7 +291,13 @@ def run(
     slots = sum(p.concurrency for p in pollers)
     if slots > len(pollers):
         db.grow(slots - len(pollers))
-    listener = Listener(db.dsn, wake=_router(pollers), wake_all=lambda: _wake(pollers), outage=outage)
+    listener = Listener(
+        db.dsn,
+        wake=_router(pollers),
+        wake_all=lambda: _wake(pollers),
+        outage=outage,
+        state=queue_state.logger({p.queue for p in pollers}),
+    )
     for signum in (signal.SIGTERM, signal.SIGINT):
         gevent.signal_handler(signum, stop.set)
     blocked.watch(leases.lease / 3)

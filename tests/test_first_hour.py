@@ -14,6 +14,8 @@ import signal
 import subprocess
 import sys
 import threading
+import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -183,5 +185,39 @@ def test_the_readme_example_queue_runs_enqueued_and_scheduled_jobs(db, database_
         scheduled = wait_for(lambda: db.query_row("SELECT id, status, args FROM jobs WHERE callsite LIKE 'clock:%%'"))
         # The handler read the entry's args.
         assert finished(db, scheduled[0]) == "ok: greeted the team"
+
+        # Pause and resume ("Operate"): nothing runs while paused, and the
+        # resume wakes the queue at once, not at its fallback poll (120 s).
+        done = run_in(project, database_url, "worker.py", "pause", "example", "--reason", "trying it out")
+        assert done.returncode == 0, done.stderr
+        worker.wait_for_line("queue=example paused until resumed: trying it out")
+        held = enqueue_as_readme(project, database_url, tmp_path)
+        time.sleep(1.5)  # unpaused, it would have run within milliseconds of its commit
+        assert status_of(db, held) == "pending"
+        done = run_in(project, database_url, "worker.py", "resume", "example")
+        assert done.returncode == 0, done.stderr
+        (resumed_at,) = db.query_row("SELECT now()")
+        assert finished(db, held, timeout=10) == "ok: greeted Ada"
+        (started_at,) = db.query_row("SELECT started_at FROM jobs WHERE id = %s", (held,))
+        assert started_at - resumed_at < timedelta(seconds=1)
+        worker.wait_for_line("queue=example resumed")
     finally:
         worker.stop()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["pause", "nosuchqueue", "--reason", "typo"],
+        ["resume", "nosuchqueue"],
+        ["redrive", "--queue", "nosuchqueue"],
+        ["retry", "--queue", "nosuchqueue", "--dry-run"],
+    ],
+)
+def test_a_queue_no_worker_runs_is_refused_by_name(db, database_url, argv):
+    """A slip in a queue's name used to pause a queue that does not exist (or
+    redrive nothing) and say it had: now one line naming it, and exit 2."""
+    done = run_in(ROOT, database_url, "worker.py", *argv)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert f"{argv[0]}: no queue 'nosuchqueue' is registered" in done.stderr
+    assert db.query_row("SELECT count(*) FROM job_queues")[0] == 0  # nothing was paused
