@@ -108,18 +108,23 @@ def show(db: Any, args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         return 1
     keys = ("id", "queue", "name", "status", "args", "priority", "run_at", "attempts", "max_attempts")
     keys += ("last_error", "callsite", "worker_id", "slot", "lease_until", "dedupe")
-    keys += ("created_at", "started_at", "finished_at")
+    keys += ("created_at", "started_at", "finished_at", "last_traceback")
     job = dict(zip(keys, row, strict=True))
     if args.json:
         _json(out, job)
         return 0
     width = max(map(len, keys)) + 2
     for key, value in job.items():
-        if key != "args":
+        if key not in ("args", "last_traceback"):
             shown = _time(value) if isinstance(value, datetime) else one_line(str(value)) if value is not None else "-"
             print(f"{key:<{width}}{shown}", file=out)
     print("args:", file=out)
     print(json.dumps(job["args"], indent=2, ensure_ascii=False, sort_keys=True), file=out)
+    if job["last_traceback"]:
+        # As Python printed it, over several lines: the one field shown so.
+        print("last traceback:", file=out)
+        for line in job["last_traceback"].rstrip("\n").splitlines():
+            print(one_line(line), file=out)
     return 0
 
 

@@ -7,6 +7,7 @@ the worker as `python worker.py`, the enqueue as a plain program outside the
 checkout that imports `lib` the documented way.
 """
 
+import logging
 import os
 import re
 import shutil
@@ -20,6 +21,9 @@ from pathlib import Path
 
 import pytest
 
+from lib.errors import MAX_TRACEBACK_BYTES
+from lib.insert import insert
+from lib.poller import Poller
 from tests.tests_support import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,7 +50,7 @@ class Worker:
 
     def __init__(self, project: Path, database_url: str) -> None:
         self.lines: list[str] = []
-        env = {**_without_tokens(), "DATABASE_URL": database_url, "LOG_LEVEL": "INFO"}
+        env = {**_without_tokens(), "DATABASE_URL": database_url, "LOG_LEVEL": "INFO", "SENTRY_DSN": ""}
         self.proc = subprocess.Popen(
             [sys.executable, "worker.py"],
             cwd=project,
@@ -201,6 +205,23 @@ def test_the_readme_example_queue_runs_enqueued_and_scheduled_jobs(db, database_
         (started_at,) = db.query_row("SELECT started_at FROM jobs WHERE id = %s", (held,))
         assert started_at - resumed_at < timedelta(seconds=1)
         worker.wait_for_line("queue=example resumed")
+
+        # A handler that raises (no name in the args): the traceback is kept
+        # with the row for `show`, and logged, Sentry being off.
+        done = run_in(project, database_url, "worker.py", "enqueue", "example", "example.Greet", "{}")
+        assert done.returncode == 0, done.stderr
+        broken = int(re.search(r"enqueued job (\d+)", done.stdout)[1])
+        assert finished(db, broken).startswith("err: ")
+        shown = run_in(project, database_url, "worker.py", "show", str(broken))
+        assert shown.returncode == 0, shown.stderr
+        assert "last traceback:\nTraceback (most recent call last):" in shown.stdout, shown.stdout
+        assert 'queues/example/__init__.py", line' in shown.stdout and "in greet" in shown.stdout
+        worker.wait_for_line(f"ERROR jobs queue=example job=example.Greet id={broken} raised err: ")
+        # redrive gives it another attempt, which the worker runs at once.
+        done = run_in(project, database_url, "worker.py", "redrive", "--id", str(broken))
+        assert done.stdout.strip() == f"redrove 1 jobs: {broken}", (done.stdout, done.stderr)
+        assert wait_for(lambda: db.query_row("SELECT attempts FROM jobs WHERE id = %s", (broken,))[0] == 2, 10)
+        assert finished(db, broken).startswith("err: ")
     finally:
         worker.stop()
 
@@ -221,3 +242,43 @@ def test_a_queue_no_worker_runs_is_refused_by_name(db, database_url, argv):
     assert done.returncode == 2, (done.stdout, done.stderr)
     assert f"{argv[0]}: no queue 'nosuchqueue' is registered" in done.stderr
     assert db.query_row("SELECT count(*) FROM job_queues")[0] == 0  # nothing was paused
+
+
+def test_the_traceback_is_kept_bounded_and_without_locals(db, caplog):
+    """The row keeps where a handler failed, cut to 8 KiB from the end (the
+    fault's frames), never a frame's locals: args may hold what show's
+    readers may see but a log's may not."""
+
+    def recurse(depth: int) -> str:
+        secret = f"sekret-{depth}"  # a local, as a handler's copy of its args would be
+        if depth == 0:
+            raise ValueError("at the bottom")
+        return other(depth - 1) + secret
+
+    def other(depth: int) -> str:
+        # Alternating frames: Python prints a run of one repeated frame as one line.
+        return recurse(depth)
+
+    poller = Poller("tb", db, {"tb.Deep": lambda job: recurse(job.args["depth"])})
+    job_id = insert(db, "tb", "tb.Deep", {"depth": 200})
+    with caplog.at_level(logging.ERROR, logger="jobs"):
+        assert poller.work_once() == "err: ValueError: at the bottom"
+    (kept,) = db.query_row("SELECT last_traceback FROM jobs WHERE id = %s", (job_id,))
+    assert len(kept.encode()) <= MAX_TRACEBACK_BYTES
+    assert kept.startswith("(traceback cut to its last lines)")
+    assert kept.endswith("ValueError: at the bottom\n")
+    assert "sekret" not in kept
+    # Sentry is off in this test: the log has it, traceback and all.
+    [record] = [r for r in caplog.records if "raised" in r.getMessage()]
+    assert record.getMessage() == f"queue=tb job=tb.Deep id={job_id} raised err: ValueError: at the bottom"
+    assert record.exc_info is not None
+
+
+def test_with_sentry_on_the_fault_goes_there_not_to_the_error_log(db, caplog, sentry_events):
+    poller = Poller("tb", db, {"tb.N": lambda job: 1 / 0})
+    job_id = insert(db, "tb", "tb.N")
+    with caplog.at_level(logging.ERROR, logger="jobs"):
+        assert poller.work_once() == "err: ZeroDivisionError: division by zero"
+    assert not [r for r in caplog.records if "raised" in r.getMessage()]
+    (kept,) = db.query_row("SELECT last_traceback FROM jobs WHERE id = %s", (job_id,))
+    assert "ZeroDivisionError" in kept  # kept with the row either way
