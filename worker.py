@@ -18,7 +18,7 @@ from pathlib import Path  # noqa: E402
 import gevent  # noqa: E402
 from gevent.event import Event  # noqa: E402
 
-from lib import blocked, commands, embedded, errors, logs, queue_state, registry_check, workers  # noqa: E402
+from lib import blocked, commands, embedded, errors, logs, queue_state, registry_check, stats, workers  # noqa: E402
 from lib.clock import Clock, Scheduled  # noqa: E402
 from lib.db import DB, is_conn_failure  # noqa: E402
 from lib.errors import Outage  # noqa: E402
@@ -52,7 +52,7 @@ def main(registry: Registry, argv: Sequence[str] | None = None, schedule: Sequen
     errors.init()
     if args.command == "check":
         # Needs no database: it reads the code, the SQL files and the schedule.
-        return registry_check.main(list(registry), list(schedule), Path(__file__).resolve().parent)
+        return registry_check.main(list(registry), list(schedule), Path(__file__).resolve().parent, args.paths)
     url = settings.database_url or embedded.database_url()
     if args.command == "db-url":
         # Only the URL: no pool, no migration.
@@ -98,7 +98,10 @@ def _parser(settings: Settings) -> argparse.ArgumentParser:
     # keeps a value given before "run" from being reset to the default.
     run_.add_argument("--shutdown-window", type=_seconds, default=argparse.SUPPRESS, help=window)
     commands.add_parser("migrate", help="apply the migrations not yet applied, and exit")
-    commands.add_parser("check", help="fail when a job is written that no worker handles")
+    check_ = commands.add_parser("check", help="fail when a job is written that no worker handles")
+    check_.add_argument(
+        "paths", nargs="*", type=_existing, metavar="PATH", help="also scan these files or folders (your own code)"
+    )
     pause_ = commands.add_parser("pause", help="pause a queue for every worker")
     pause_.add_argument("queue", type=_text)
     pause_.add_argument("--reason", required=True, type=_text, help="why, for the operators who find it paused")
@@ -169,6 +172,13 @@ def _job_id(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"a job id is at least 1, got {text!r}")
     return value
+
+
+def _existing(text: str) -> Path:
+    path = Path(text)
+    if not path.exists():
+        raise argparse.ArgumentTypeError(f"no such file or folder: {text!r}")
+    return path.resolve()
 
 
 def _text(text: str) -> str:
@@ -311,6 +321,7 @@ def run(
         for slot in range(p.concurrency)
     ]
     log.info("worker %s running %d queues: %s", leases.worker_id, len(pollers), ", ".join(p.queue for p in pollers))
+    _say_unrun(db, registry)
     stop.wait()
 
     running = sum(len(p.running) for p in pollers)
@@ -326,6 +337,18 @@ def run(
     workers.unregister(db, leases.worker_id)
     log.info("stopped")
     return 0
+
+
+def _say_unrun(db: DB, registry: Registry) -> None:
+    """Once at start: rows of a queue that no registered queue is (a typo in
+    an enqueue, a queue taken out) wait for ever, and only this line says so."""
+    try:
+        unrun = stats.unrun_queues(db, registry_check.handled(registry, []))
+    except Exception as exc:  # a report, not a reason to stop the worker
+        log.warning("could not look for queues no worker runs: %s", exc)
+        return
+    if unrun:
+        log.warning("%s", stats.unrun_line(unrun))
 
 
 def _wake(pollers: Sequence[Poller]) -> None:

@@ -25,7 +25,7 @@ from lib.logs import one_line
 from lib.redrive import RedriveResult, redrive
 from lib.settings import masked_dsn
 from lib.sql import Q
-from lib.stats import QueueStats, WorkerInfo, queue_stats, workers
+from lib.stats import QueueStats, WorkerInfo, queue_stats, unrun_line, unrun_queues, workers
 
 # What a job enqueued from the command line records as its writer.
 CLI_CALLSITE = "cli"
@@ -42,11 +42,16 @@ FOREVER = datetime.max.replace(tzinfo=UTC)
 
 def status(db: Any, args: argparse.Namespace, out: IO[str], *, queues: Iterable[str] = ()) -> int:
     """Every queue (those with rows or state, and the registry's queues given),
-    then the live workers and the dead ones still holding started rows."""
+    then the live workers and the dead ones still holding started rows. Given
+    the registry's queues, also those with due rows that none of them runs."""
+    queues = list(queues)
     found = queue_stats(db, queues)
     known = workers(db)
+    unrun = unrun_queues(db, queues) if queues else []
     if args.json:
-        _json(out, {"queues": [_queue_json(s) for s in found], "workers": [_worker_json(w) for w in known]})
+        document = {"queues": [_queue_json(s) for s in found], "workers": [_worker_json(w) for w in known]}
+        document["unrun"] = [{"queue": q, "due": n} for q, n in unrun]
+        _json(out, document)
         return 0
     now = datetime.now(UTC)
     headers = ["queue", "pending", "due", "delayed", "running", "oldest due"]
@@ -70,6 +75,8 @@ def status(db: Any, args: argparse.Namespace, out: IO[str], *, queues: Iterable[
         _table(out, headers, rows)
     else:
         print("no queues", file=out)
+    if unrun:
+        print(f"\n{unrun_line(unrun)}", file=out)
     live = [w for w in known if w.alive]
     dead = [w for w in known if not w.alive]
     print(f"\nlive workers: {len(live)}", file=out)

@@ -47,11 +47,18 @@ class Report:
     handled: dict[str, frozenset[str]] = field(default_factory=dict)
 
 
-def check(registry: Iterable[Callable[[DB], Any]], schedule: Iterable[Any], root: Path) -> Report:
+def check(
+    registry: Iterable[Callable[[DB], Any]], schedule: Iterable[Any], root: Path, extra: Iterable[Path] = ()
+) -> Report:
+    """extra: files and folders outside the project (an application that
+    enqueues), read for both Python enqueue calls and SQL."""
     report = Report()
     report.handled = handled(registry, report.problems)
     report.writers += python_writers(root, report.problems, report.warnings)
     report.writers += sql_writers(root, report.warnings)
+    for path in extra:
+        report.writers += python_writers(root, report.problems, report.warnings, files=_found(path, ".py"))
+        report.writers += sql_writers(root, report.warnings, files=_found(path, ".sql"))
     report.writers += [Writer("schedule", entry.queue, entry.name) for entry in schedule]
     for writer in report.writers:
         names = report.handled.get(writer.queue)
@@ -62,9 +69,11 @@ def check(registry: Iterable[Callable[[DB], Any]], schedule: Iterable[Any], root
     return report
 
 
-def main(registry: Iterable[Callable[[DB], Any]], schedule: Iterable[Any], root: Path) -> int:
+def main(
+    registry: Iterable[Callable[[DB], Any]], schedule: Iterable[Any], root: Path, extra: Iterable[Path] = ()
+) -> int:
     """Print each problem (and warning); 1 if there is any problem, else 0."""
-    report = check(registry, schedule, root)
+    report = check(registry, schedule, root, extra)
     for line in report.warnings:
         print(f"warning: {line}")
     for line in report.problems:
@@ -115,10 +124,32 @@ def python_files(root: Path) -> Iterator[Path]:
             yield from sorted(p for p in path.rglob("*.py") if "__pycache__" not in p.parts)
 
 
-def python_writers(root: Path, problems: list[str], warnings: list[str]) -> list[Writer]:
+def _found(path: Path, suffix: str) -> list[Path]:
+    """path itself when it is such a file; else the files of that kind under
+    it, leaving out hidden folders (.venv, .git) and caches."""
+    if path.is_file():
+        return [path] if path.suffix == suffix else []
+    return sorted(
+        p
+        for p in path.rglob(f"*{suffix}")
+        if not any(
+            part.startswith(".") or part in ("__pycache__", "site-packages") for part in p.relative_to(path).parts
+        )
+    )
+
+
+def _where(path: Path, root: Path) -> str:
+    """A file as a problem names it: relative to the project, else as it is."""
+    return path.relative_to(root).as_posix() if path.is_relative_to(root) else str(path)
+
+
+def python_writers(
+    root: Path, problems: list[str], warnings: list[str], files: Iterable[Path] | None = None
+) -> list[Writer]:
+    """files: the project's own (CODE) unless given."""
     writers: list[Writer] = []
-    for path in python_files(root):
-        where = path.relative_to(root).as_posix()
+    for path in python_files(root) if files is None else files:
+        where = _where(path, root)
         try:
             text = path.read_text()
             tree = ast.parse(text, filename=where)
@@ -236,12 +267,12 @@ def sql_files(root: Path) -> list[Path]:
     return sorted((root / "sql").rglob("*.sql"))
 
 
-def sql_writers(root: Path, warnings: list[str]) -> list[Writer]:
-    """Literal pairs of every INSERT INTO jobs in sql/ (migrations' DDL has
-    none; a data migration that enqueues is a writer like any other)."""
+def sql_writers(root: Path, warnings: list[str], files: Iterable[Path] | None = None) -> list[Writer]:
+    """Literal pairs of every INSERT INTO jobs in sql/, or in files (migrations'
+    DDL has none; a data migration that enqueues is a writer like any other)."""
     writers: list[Writer] = []
-    for path in sql_files(root):
-        where = path.relative_to(root).as_posix()
+    for path in sql_files(root) if files is None else files:
+        where = _where(path, root)
         for statement in _statements(path.read_text()):
             for start in range(len(statement)):
                 if _is_insert_into_jobs(statement, start):

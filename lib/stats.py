@@ -94,3 +94,15 @@ def workers(db: Any, *, now: datetime | None = None) -> list[WorkerInfo]:
         WorkerInfo(id=i, host=h, pid=p, started_at=s, last_seen=seen, queues=list(q), alive=a, holding=n)
         for i, h, p, s, seen, q, a, n in rows
     ]
+
+
+def unrun_queues(db: Any, registered: Iterable[str]) -> list[tuple[str, int]]:
+    """(queue, due pending rows) of each queue with due rows that is none of
+    the registered ones: a typo in an enqueue, or a queue taken out of the
+    registry with rows left."""
+    return [(q, n) for q, n in db.query(Q.queue_unrun, {"registered": sorted(registered)})]
+
+
+def unrun_line(unrun: Iterable[tuple[str, int]]) -> str:
+    """The one line that names them, for the worker's log and status."""
+    return "queues no worker runs: " + ", ".join(f"{q} ({n} pending)" for q, n in unrun)

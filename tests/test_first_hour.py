@@ -7,6 +7,7 @@ the worker as `python worker.py`, the enqueue as a plain program outside the
 checkout that imports `lib` the documented way.
 """
 
+import json
 import logging
 import os
 import re
@@ -16,7 +17,7 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -282,3 +283,46 @@ def test_with_sentry_on_the_fault_goes_there_not_to_the_error_log(db, caplog, se
     assert not [r for r in caplog.records if "raised" in r.getMessage()]
     (kept,) = db.query_row("SELECT last_traceback FROM jobs WHERE id = %s", (job_id,))
     assert "ZeroDivisionError" in kept  # kept with the row either way
+
+
+def test_check_scans_a_path_outside_the_project(tmp_path, database_url):
+    """An application's own enqueue calls, and its SQL, are writers too: a
+    typo there is caught when its folder is given to check."""
+    app = tmp_path / "myapp"
+    (app / "jobs").mkdir(parents=True)
+    (app / "jobs" / "enqueue.py").write_text(
+        "from lib.insert import insert\n\n\ndef age(conn):\n    insert(conn, 'caches', 'caches.Agee')\n"
+    )
+    (app / "enqueue.sql").write_text("INSERT INTO jobs (queue, name) VALUES ('cachez', 'caches.Age');\n")
+    # A virtualenv inside the app is not its code.
+    (app / ".venv").mkdir()
+    (app / ".venv" / "vendored.py").write_text("from lib.insert import insert\ninsert(c, 'x', 'x.Y')\n")
+    alone = run_in(ROOT, database_url, "worker.py", "check")
+    assert alone.returncode == 0, alone.stdout  # the project alone is fine: the path is what finds the typos
+    done = run_in(ROOT, database_url, "worker.py", "check", str(app))
+    assert done.returncode == 1, done.stdout
+    assert f"{app}/jobs/enqueue.py:5: queue=caches job=caches.Agee has no worker" in done.stdout
+    assert f"{app}/enqueue.sql:1: queue=cachez job=caches.Age has no worker (no such queue" in done.stdout
+    assert "x.Y" not in done.stdout
+    missing = run_in(ROOT, database_url, "worker.py", "check", str(tmp_path / "nope"))
+    assert missing.returncode == 2 and "no such file or folder" in missing.stderr
+
+
+def test_worker_and_status_name_queues_no_worker_runs(db, database_url):
+    """Rows of a queue nobody registered wait for ever; the worker says so
+    once at start, and status lists them (due rows only: a delayed one may
+    yet find its worker)."""
+    for _ in range(3):
+        insert(db, "cachez", "caches.Age")
+    insert(db, "cachez", "caches.Age", {"later": True}, run_at=datetime.now(UTC) + timedelta(hours=1))
+    insert(db, "caches", "caches.Age", run_at=datetime.now(UTC) + timedelta(hours=1))  # registered: not named
+    worker = Worker(ROOT, database_url)
+    try:
+        worker.wait_for_line("queues no worker runs: cachez (3 pending)")
+    finally:
+        worker.stop()
+    assert worker.output.count("queues no worker runs") == 1, worker.output
+    shown = run_in(ROOT, database_url, "worker.py", "status")
+    assert "\nqueues no worker runs: cachez (3 pending)\n" in shown.stdout, shown.stdout
+    as_json = run_in(ROOT, database_url, "worker.py", "status", "--json")
+    assert json.loads(as_json.stdout)["unrun"] == [{"queue": "cachez", "due": 3}]
