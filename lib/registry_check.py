@@ -11,12 +11,18 @@ warning, never guessed.
 from __future__ import annotations
 
 import ast
+import dataclasses
+import functools
+import inspect
+import json
 import re
+import textwrap
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lib.args import ArgsError, unmarshal_args
 from lib.db import DB
 
 # The project's own code; tests, benchmarks and the virtualenv enqueue on purpose
@@ -59,7 +65,9 @@ def check(
     for path in extra:
         report.writers += python_writers(root, report.problems, report.warnings, files=_found(path, ".py"))
         report.writers += sql_writers(root, report.warnings, files=_found(path, ".sql"))
+    schedule = list(schedule)
     report.writers += [Writer("schedule", entry.queue, entry.name) for entry in schedule]
+    report.problems += schedule_args_problems(registry, schedule)
     for writer in report.writers:
         names = report.handled.get(writer.queue)
         if names is not None and writer.name in names:
@@ -110,6 +118,73 @@ def handled(registry: Iterable[Callable[[DB], Any]], problems: list[str]) -> dic
             continue
         queues[poller.queue] = frozenset(poller.handles)
     return queues
+
+
+# Scheduled args against the dataclass the handler reads them into
+
+
+def schedule_args_problems(registry: Iterable[Callable[[DB], Any]], schedule: Iterable[Any]) -> list[str]:
+    """Each schedule entry whose args do not fit its handler's dataclass
+    (a missing field, a field of the wrong type). The dataclass is read from
+    the handler's source, never by running it: where it cannot be told (the
+    handler does not call unmarshal_args with a dataclass it names), the
+    entry is not checked."""
+    types: dict[tuple[str, str], type] = {}
+    db = DB("postgresql:///unused", size=1)
+    for make in registry:
+        try:
+            poller = make(db)
+        except Exception:
+            continue  # handled() reports it
+        for name, handler in poller.dispatch.items():
+            cls = args_type(handler)
+            if cls is not None:
+                types[(poller.queue, name)] = cls
+    problems = []
+    for entry in schedule:
+        cls = types.get((entry.queue, entry.name))
+        if cls is None:
+            continue
+        try:
+            unmarshal_args(cls, entry.args or {})
+        except ArgsError as exc:
+            shown = json.dumps(entry.args or {}, sort_keys=True)
+            problems.append(f"schedule: queue={entry.queue} job={entry.name} args {shown:.200} do not fit: {exc}")
+    return problems
+
+
+def args_type(handler: Callable[..., Any], depth: int = 1) -> type | None:
+    """The dataclass `handler` passes to unmarshal_args, when its source names
+    exactly one, bound in its module or closure; else the same for the
+    functions it holds in its closure or partial (a wrapper such as
+    lib.api_queue's), `depth` levels down. None when it cannot be told."""
+    while isinstance(handler, functools.partial):
+        handler = handler.func
+    handler = inspect.unwrap(handler)
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(handler)))
+        bound = inspect.getclosurevars(handler)
+    except (OSError, TypeError, SyntaxError):
+        return None  # a builtin, a lambda mid-expression, no source at hand
+    names = {**bound.builtins, **bound.globals, **bound.nonlocals}
+    found = set()
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and (getattr(node.func, "id", None) or getattr(node.func, "attr", None)) == "unmarshal_args"
+            and node.args
+            and isinstance(node.args[0], ast.Name)
+        ):
+            cls = names.get(node.args[0].id)
+            if isinstance(cls, type) and dataclasses.is_dataclass(cls):
+                found.add(cls)
+    if len(found) == 1:
+        return found.pop()
+    if found or depth == 0:
+        return None
+    inner = {args_type(f, depth - 1) for f in bound.nonlocals.values() if callable(f) and not isinstance(f, type)}
+    inner.discard(None)
+    return inner.pop() if len(inner) == 1 else None
 
 
 # Python: insert(db, queue, name, ...) and Job(queue, name, ...)

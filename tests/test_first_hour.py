@@ -22,9 +22,12 @@ from pathlib import Path
 
 import pytest
 
+from lib.clock import Scheduled, every
 from lib.errors import MAX_TRACEBACK_BYTES
 from lib.insert import insert
 from lib.poller import Poller
+from lib.registry_check import schedule_args_problems
+from queues import REGISTRY
 from tests.tests_support import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -326,3 +329,31 @@ def test_worker_and_status_name_queues_no_worker_runs(db, database_url):
     assert "\nqueues no worker runs: cachez (3 pending)\n" in shown.stdout, shown.stdout
     as_json = run_in(ROOT, database_url, "worker.py", "status", "--json")
     assert json.loads(as_json.stdout)["unrun"] == [{"queue": "cachez", "due": 3}]
+
+
+def test_check_fails_a_scheduled_entry_whose_args_do_not_fit_its_handler(project, database_url):
+    """The README's queue and entry pass; the same entry with a misspelt key
+    fails check, before any worker enqueues it every fifteen minutes. The
+    dataclass is read from the handler's source; no handler runs."""
+    done = run_in(project, database_url, "worker.py", "check")
+    assert done.returncode == 0, done.stdout
+    schedule = project / "queues" / "schedule.py"
+    schedule.write_text(schedule.read_text().replace('args={"name": "the team"}', 'args={"nmae": "the team"}'))
+    done = run_in(project, database_url, "worker.py", "check")
+    assert done.returncode == 1, done.stdout
+    assert (
+        'schedule: queue=example job=example.Greet args {"nmae": "the team"} do not fit: GreetArgs: missing field \'name\''
+        in done.stdout
+    )
+
+
+def test_args_of_a_wrapped_handler_are_checked_too():
+    """The API queues' handlers sit behind lib.api_queue's wrapper; a wrong
+    type is named with the field."""
+    entries = [
+        Scheduled("github", "github.FetchRepo", every(15), args={"owner": "octo", "repo": 7}),
+        Scheduled("github", "github.FetchUser", every(15), args={"login": "octo"}),
+    ]
+    [problem] = schedule_args_problems(REGISTRY, entries)
+    assert problem.startswith("schedule: queue=github job=github.FetchRepo args")
+    assert "FetchRepoArgs: field 'repo' should be str, got int 7" in problem
