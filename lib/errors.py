@@ -101,8 +101,10 @@ MAX_TRACEBACK_BYTES = 8 * 1024
 
 
 def reporting() -> bool:
-    """Whether events go to Sentry (init found a DSN)."""
-    return sentry_sdk.get_client().is_active()
+    """Whether events go to Sentry: a client with somewhere to send them (a
+    client made without a DSN is active, but sends nothing)."""
+    client = sentry_sdk.get_client()
+    return client.is_active() and client.transport is not None
 
 
 def traceback_text(exc: BaseException, limit: int = MAX_TRACEBACK_BYTES) -> str | None:
