@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from datetime import UTC, datetime, timedelta
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from lib import embedded
 from lib.clock import Scheduled, every
 from lib.errors import MAX_TRACEBACK_BYTES
 from lib.insert import insert
@@ -357,3 +359,34 @@ def test_args_of_a_wrapped_handler_are_checked_too():
     [problem] = schedule_args_problems(REGISTRY, entries)
     assert problem.startswith("schedule: queue=github job=github.FetchRepo args")
     assert "FetchRepoArgs: field 'repo' should be str, got int 7" in problem
+
+
+def test_connect_without_database_url_starts_and_holds_the_embedded_server():
+    """With no DATABASE_URL, lib.connect reaches the worker's embedded server
+    (starting it, as no worker runs), holds it while the program runs, and
+    the server stops once the program, its last user, exits."""
+    # Not tmp_path: as root the server runs as postgres, which must enter the folders above it.
+    base = Path(tempfile.mkdtemp(prefix="jobs-connect-"))
+    base.chmod(0o711)
+    data_dir = base / "pgdata"
+    code = (
+        "import sys\n"
+        "from lib.connect import connect\n"
+        "conn = connect()\n"
+        "with conn, conn.cursor() as cur:\n"
+        "    cur.execute('SELECT 41 + 1')\n"
+        "    print(cur.fetchone()[0])\n"
+        "assert 'gevent' not in sys.modules\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"} | {"JOBS_DATA_DIR": str(data_dir)}
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == "42"
+        assert list(data_dir.glob("*/PG_VERSION")), "no cluster was made in JOBS_DATA_DIR"
+        assert not list(data_dir.rglob("postmaster.pid")), "the server outlived the program that used it"
+    finally:
+        embedded.stop(data_dir)
+        shutil.rmtree(base, ignore_errors=True)
