@@ -292,6 +292,8 @@ def run(
     # One report for an outage of the database, not one per queue or part.
     outage = Outage("database")
     pollers = _start_pollers(db, registry)
+    # Before any part starts: a start-up report, not a step in their timing.
+    _say_unrun(db, registry)
     leases = Leases(db, lease=lease, legacy_age=max((p.job_timeout for p in pollers), default=600.0) + 60)
     leases.outage = outage
     leases.seen = workers.register(db, leases.worker_id, [p.queue for p in pollers], leases.lease)
@@ -321,7 +323,6 @@ def run(
         for slot in range(p.concurrency)
     ]
     log.info("worker %s running %d queues: %s", leases.worker_id, len(pollers), ", ".join(p.queue for p in pollers))
-    _say_unrun(db, registry)
     stop.wait()
 
     running = sum(len(p.running) for p in pollers)
