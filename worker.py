@@ -18,7 +18,7 @@ from pathlib import Path  # noqa: E402
 import gevent  # noqa: E402
 from gevent.event import Event  # noqa: E402
 
-from lib import blocked, commands, embedded, errors, httpd, logs, registry_check, workers  # noqa: E402
+from lib import blocked, commands, embedded, errors, httpd, logs, queue_state, registry_check, stats, workers  # noqa: E402
 from lib.clock import Clock, Scheduled  # noqa: E402
 from lib.db import DB, is_conn_failure  # noqa: E402
 from lib.errors import Outage  # noqa: E402
@@ -48,11 +48,12 @@ def main(registry: Registry, argv: Sequence[str] | None = None, schedule: Sequen
         print(f"worker: {exc}", file=sys.stderr)
         return 2
     args = _parser(settings).parse_args(argv)
-    logs.setup(settings.log_level, settings.log_format)
+    # Every line is masked of the configured secrets: a fault's message may quote one.
+    logs.setup(settings.log_level, settings.log_format, errors.secrets_from_env())
     errors.init()
     if args.command == "check":
         # Needs no database: it reads the code, the SQL files and the schedule.
-        return registry_check.main(list(registry), list(schedule), Path(__file__).resolve().parent)
+        return registry_check.main(list(registry), list(schedule), Path(__file__).resolve().parent, args.paths)
     url = settings.database_url or embedded.database_url()
     if args.command == "db-url":
         # Only the URL: no pool, no migration.
@@ -104,7 +105,10 @@ def _parser(settings: Settings) -> argparse.ArgumentParser:
     # keeps a value given before "run" from being reset to the default.
     run_.add_argument("--shutdown-window", type=_seconds, default=argparse.SUPPRESS, help=window)
     commands.add_parser("migrate", help="apply the migrations not yet applied, and exit")
-    commands.add_parser("check", help="fail when a job is written that no worker handles")
+    check_ = commands.add_parser("check", help="fail when a job is written that no worker handles")
+    check_.add_argument(
+        "paths", nargs="*", type=_existing, metavar="PATH", help="also scan these files or folders (your own code)"
+    )
     pause_ = commands.add_parser("pause", help="pause a queue for every worker")
     pause_.add_argument("queue", type=_text)
     pause_.add_argument("--reason", required=True, type=_text, help="why, for the operators who find it paused")
@@ -177,6 +181,13 @@ def _job_id(text: str) -> int:
     return value
 
 
+def _existing(text: str) -> Path:
+    path = Path(text)
+    if not path.exists():
+        raise argparse.ArgumentTypeError(f"no such file or folder: {text!r}")
+    return path.resolve()
+
+
 def _text(text: str) -> str:
     if not text.strip() or not text.isprintable():
         raise argparse.ArgumentTypeError(f"a non-empty text of printable characters, got {text!r}")
@@ -240,6 +251,12 @@ def _json_object(text: str) -> dict:
 def _operate(db: DB, args: argparse.Namespace, registry: Registry) -> int:
     """The operator's commands; each prints what it did (lib/commands.py)."""
     out, err = sys.stdout, sys.stderr
+    if args.command in ("pause", "resume", "redrive", "retry") and args.queue is not None:
+        # A slip in a queue's name would pause nothing, or find nothing to redrive, and say it did.
+        known = registry_check.handled(registry, [])
+        if args.queue not in known:
+            print(f"{args.command}: no queue {args.queue!r} is registered (queues: {', '.join(known)})", file=err)
+            return 2
     if args.command in ("redrive", "retry"):
         return commands.redrive_failed(db, args, out, err)
     if args.command == "failed":
@@ -285,6 +302,8 @@ def run(
     # One report for an outage of the database, not one per queue or part.
     outage = Outage("database")
     pollers = _start_pollers(db, registry)
+    # Before any part starts: a start-up report, not a step in their timing.
+    _say_unrun(db, registry)
     leases = Leases(db, lease=lease, legacy_age=max((p.job_timeout for p in pollers), default=600.0) + 60)
     leases.outage = outage
     leases.seen = workers.register(db, leases.worker_id, [p.queue for p in pollers], leases.lease)
@@ -294,7 +313,13 @@ def run(
     slots = sum(p.concurrency for p in pollers)
     if slots > len(pollers):
         db.grow(slots - len(pollers))
-    listener = Listener(db.dsn, wake=_router(pollers), wake_all=lambda: _wake(pollers), outage=outage)
+    listener = Listener(
+        db.dsn,
+        wake=_router(pollers),
+        wake_all=lambda: _wake(pollers),
+        outage=outage,
+        state=queue_state.logger({p.queue for p in pollers}),
+    )
     for signum in (signal.SIGTERM, signal.SIGINT):
         gevent.signal_handler(signum, stop.set)
     blocked.watch(leases.lease / 3)
@@ -337,6 +362,18 @@ def run(
     workers.unregister(db, leases.worker_id)
     log.info("stopped")
     return 0
+
+
+def _say_unrun(db: DB, registry: Registry) -> None:
+    """Once at start: rows of a queue that no registered queue is (a typo in
+    an enqueue, a queue taken out) wait for ever, and only this line says so."""
+    try:
+        unrun = stats.unrun_queues(db, registry_check.handled(registry, []))
+    except Exception as exc:  # a report, not a reason to stop the worker
+        log.warning("could not look for queues no worker runs: %s", exc)
+        return
+    if unrun:
+        log.warning("%s", stats.unrun_line(unrun))
 
 
 def _wake(pollers: Sequence[Poller]) -> None:

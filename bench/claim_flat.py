@@ -135,6 +135,7 @@ def finalize_params(job_id: int, attempts: int) -> dict[str, Any]:
         "last_error": None,
         "delay": 0.0,
         "uncounted": 0,
+        "last_traceback": None,
     }
 
 

@@ -26,7 +26,7 @@ from lib.logs import one_line
 from lib.redrive import RedriveResult, redrive
 from lib.settings import masked_dsn
 from lib.sql import Q
-from lib.stats import QueueStats, WorkerInfo, queue_stats, workers
+from lib.stats import QueueStats, WorkerInfo, queue_stats, unrun_line, unrun_queues, workers
 
 # What a job enqueued from the command line records as its writer.
 CLI_CALLSITE = "cli"
@@ -43,11 +43,16 @@ FOREVER = datetime.max.replace(tzinfo=UTC)
 
 def status(db: Any, args: argparse.Namespace, out: IO[str], *, queues: Iterable[str] = ()) -> int:
     """Every queue (those with rows or state, and the registry's queues given),
-    then the live workers and the dead ones still holding started rows."""
+    then the live workers and the dead ones still holding started rows. Given
+    the registry's queues, also those with due rows that none of them runs."""
+    queues = list(queues)
     found = queue_stats(db, queues)
     known = workers(db)
+    unrun = unrun_queues(db, queues) if queues else []
     if args.json:
-        _json(out, {"queues": [_queue_json(s) for s in found], "workers": [_worker_json(w) for w in known]})
+        document = {"queues": [_queue_json(s) for s in found], "workers": [_worker_json(w) for w in known]}
+        document["unrun"] = [{"queue": q, "due": n} for q, n in unrun]
+        _json(out, document)
         return 0
     now = datetime.now(UTC)
     headers = ["queue", "pending", "due", "delayed", "running", "oldest due"]
@@ -71,6 +76,8 @@ def status(db: Any, args: argparse.Namespace, out: IO[str], *, queues: Iterable[
         _table(out, headers, rows)
     else:
         print("no queues", file=out)
+    if unrun:
+        print(f"\n{unrun_line(unrun)}", file=out)
     live = [w for w in known if w.alive]
     dead = [w for w in known if not w.alive]
     print(f"\nlive workers: {len(live)}", file=out)
@@ -112,11 +119,16 @@ def show(db: Any, args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         return 0
     width = max(map(len, job)) + 2
     for key, value in job.items():
-        if key != "args":
+        if key not in ("args", "last_traceback"):
             shown = _time(value) if isinstance(value, datetime) else one_line(str(value)) if value is not None else "-"
             print(f"{key:<{width}}{shown}", file=out)
     print("args:", file=out)
     print(json.dumps(job["args"], indent=2, ensure_ascii=False, sort_keys=True), file=out)
+    if job["last_traceback"]:
+        # As Python printed it, over several lines: the one field shown so.
+        print("last traceback:", file=out)
+        for line in job["last_traceback"].rstrip("\n").splitlines():
+            print(one_line(line), file=out)
     return 0
 
 

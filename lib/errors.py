@@ -10,6 +10,7 @@ import contextlib
 import logging
 import os
 import time
+import traceback
 from typing import Any
 
 import sentry_sdk
@@ -92,6 +93,34 @@ def init(dsn: str | None = None, **options: Any) -> bool:
         **options,
     )
     return True
+
+
+# The traceback kept with a failed job's row (jobs.last_traceback): enough for
+# the frames near the fault, bounded so a deep recursion cannot bloat a row.
+MAX_TRACEBACK_BYTES = 8 * 1024
+
+
+def reporting() -> bool:
+    """Whether events go to Sentry: a client with somewhere to send them (a
+    client made without a DSN is active, but sends nothing)."""
+    client = sentry_sdk.get_client()
+    return client.is_active() and client.transport is not None
+
+
+def traceback_text(exc: BaseException, limit: int = MAX_TRACEBACK_BYTES) -> str | None:
+    """exc's traceback as Python prints it, its last `limit` bytes (the fault
+    is at the end); None when it was never raised. Frames' source lines and
+    the exception's message only: locals are never read."""
+    if exc.__traceback__ is None:
+        return None
+    text = "".join(traceback.format_exception(exc)).replace("\x00", "\\x00")  # Postgres text holds no NUL
+    # Kept in a job row, which must hold no secret: a message may quote one.
+    text = scrub(text, secrets_from_env())
+    data = text.encode()
+    if len(data) <= limit:
+        return text
+    marker = "(traceback cut to its last lines)\n"
+    return marker + data[-(limit - len(marker)) :].decode(errors="ignore")
 
 
 def capture(exc: BaseException, message: str | None = None, **tags: Any) -> None:

@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Iterable
 
 from pythonjsonlogger.json import JsonFormatter
+
+from lib.redact import scrub
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 
@@ -48,7 +51,25 @@ def json_formatter() -> logging.Formatter:
     )
 
 
-def setup(level: str, fmt: str = "text") -> None:
+class MaskingFormatter(logging.Formatter):
+    """Another formatter's output with the configured secrets masked: a
+    message or a traceback may quote a password or a token."""
+
+    def __init__(self, inner: logging.Formatter, secrets: Iterable[str]) -> None:
+        super().__init__()
+        self.inner = inner
+        self.secrets = [s for s in secrets if s]
+
+    def format(self, record: logging.LogRecord) -> str:
+        return scrub(self.inner.format(record), self.secrets)
+
+
+def formatter(fmt: str = "text", secrets: Iterable[str] = ()) -> logging.Formatter:
+    inner = json_formatter() if fmt == "json" else OneLineFormatter(FORMAT)
+    return MaskingFormatter(inner, secrets)
+
+
+def setup(level: str, fmt: str = "text", secrets: Iterable[str] = ()) -> None:
     handler = logging.StreamHandler()
-    handler.setFormatter(json_formatter() if fmt == "json" else OneLineFormatter(FORMAT))
+    handler.setFormatter(formatter(fmt, secrets))
     logging.basicConfig(level=level, handlers=[handler])

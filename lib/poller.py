@@ -20,9 +20,10 @@ from greenlet import GreenletExit
 from lib import metrics
 from lib import status as st
 from lib.db import DB, is_conn_failure, is_data_error, is_database_error, is_server_error, is_unique_violation
-from lib.errors import Outage, capture
+from lib.errors import Outage, capture, reporting, secrets_from_env, traceback_text
 from lib.insert import MAX_ARGS_BYTES
 from lib.leases import LeaseLost, Leases
+from lib.redact import scrub
 from lib.retry import BASE_SECONDS as RETRY_BASE_SECONDS
 from lib.retry import backoff
 from lib.sql import Q
@@ -107,6 +108,7 @@ class Outcome:
     error: BaseException | None = None
     retry_in: float | None = None  # seconds until the retry, when one is due
     counted: bool = True  # whether this attempt counts against max_attempts
+    traceback: str | None = None  # the error's, bounded (lib.errors.traceback_text)
 
     @property
     def stored(self) -> str:
@@ -487,9 +489,15 @@ class Poller:
         if isinstance(result, Snooze):
             return Outcome(st.clean(result.status), retry_in=result.seconds, counted=False)
         capture(result, queue=self.queue, job=job.name, job_id=job.id, callsite=job.callsite)
-        text = st.err(f"{type(result).__name__}: {result}" if str(result) else type(result).__name__)
+        # Stored in the row, which must hold no secret, whatever the message quotes.
+        said = f"{type(result).__name__}: {result}" if str(result) else type(result).__name__
+        text = st.err(scrub(said, secrets_from_env()))
         retry_in = backoff(job.attempts, base=self.retry_base) if job.attempts < job.max_attempts else None
-        return Outcome(text, result, retry_in)
+        if not reporting():
+            # Without Sentry the log is the one place an operator finds where it failed.
+            exc_info = (type(result), result, result.__traceback__)
+            log.error("queue=%s job=%s id=%d raised %s", self.queue, job.name, job.id, text, exc_info=exc_info)
+        return Outcome(text, result, retry_in, traceback=traceback_text(result))
 
     def _interrupted(self, job: PendingJob) -> Outcome:
         # Like a rescue: another worker takes the job over when attempts
@@ -562,6 +570,7 @@ class Poller:
             else None,
             "delay": delay,
             "uncounted": 0 if outcome.counted else 1,
+            "last_traceback": outcome.traceback,
         }
 
     def _write_alone(self, job: PendingJob, outcome: Outcome, params: dict[str, Any]) -> None:
@@ -585,7 +594,13 @@ class Poller:
                     status = st.err(f"the outcome could not be stored: {type(exc).__name__}: {_first_line(exc)}")
                     log.error("queue=%s id=%d %s (it was %r)", self.queue, job.id, status, outcome.status[:200])
                     capture(exc, message="outcome refused", **tags)
-                    params = {**params, "status": status, "last_error": status, "retry_in": None}
+                    params = {
+                        **params,
+                        "status": status,
+                        "last_error": status,
+                        "retry_in": None,
+                        "last_traceback": None,
+                    }
                     continue
                 log.error("queue=%s id=%d finalize failed, the row stays started: %s", self.queue, job.id, exc)
                 capture(exc, message="finalize job", **tags)

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import logging
+from collections.abc import Callable, Collection
 from datetime import datetime
 from typing import Any
 
 from lib.sql import Q
+
+log = logging.getLogger("jobs.queue_state")
 
 # Pauses the worker takes by itself after an API rejected a token; a worker
 # that starts (after the token was fixed) ends them.
@@ -29,3 +34,26 @@ def resume(db: Any, queue: str, *, prefix: str | None = None) -> bool:
 
 def paused(db: Any) -> list[tuple[str, str, datetime]]:
     return [(q, r, u) for q, r, u in db.query(Q.queue_paused)]
+
+
+def logger(queues: Collection[str]) -> Callable[[str], None]:
+    """For the worker's listener: log each pause and resume (of any worker's
+    doing, or an operator's) of the queues this worker runs, so its log says
+    why a queue stopped and started."""
+
+    def said(payload: str) -> None:
+        try:
+            change = json.loads(payload)
+            queue, event = change["queue"], change["event"]
+        except (ValueError, KeyError, TypeError):
+            log.warning("unreadable queue state notification: %.200r", payload)
+            return
+        if queue not in queues:
+            return
+        if event == "paused":
+            until = "resumed" if str(change.get("until")).startswith("infinity") else change.get("until")
+            log.info("queue=%s paused until %s: %s", queue, until, change.get("reason"))
+        else:
+            log.info("queue=%s %s", queue, event)
+
+    return said

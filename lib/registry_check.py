@@ -11,12 +11,18 @@ warning, never guessed.
 from __future__ import annotations
 
 import ast
+import dataclasses
+import functools
+import inspect
+import json
 import re
+import textwrap
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lib.args import ArgsError, unmarshal_args
 from lib.db import DB
 
 # The project's own code; tests, benchmarks and the virtualenv enqueue on purpose
@@ -47,12 +53,21 @@ class Report:
     handled: dict[str, frozenset[str]] = field(default_factory=dict)
 
 
-def check(registry: Iterable[Callable[[DB], Any]], schedule: Iterable[Any], root: Path) -> Report:
+def check(
+    registry: Iterable[Callable[[DB], Any]], schedule: Iterable[Any], root: Path, extra: Iterable[Path] = ()
+) -> Report:
+    """extra: files and folders outside the project (an application that
+    enqueues), read for both Python enqueue calls and SQL."""
     report = Report()
     report.handled = handled(registry, report.problems)
     report.writers += python_writers(root, report.problems, report.warnings)
     report.writers += sql_writers(root, report.warnings)
+    for path in extra:
+        report.writers += python_writers(root, report.problems, report.warnings, files=_found(path, ".py"))
+        report.writers += sql_writers(root, report.warnings, files=_found(path, ".sql"))
+    schedule = list(schedule)
     report.writers += [Writer("schedule", entry.queue, entry.name) for entry in schedule]
+    report.problems += schedule_args_problems(registry, schedule)
     for writer in report.writers:
         names = report.handled.get(writer.queue)
         if names is not None and writer.name in names:
@@ -62,9 +77,11 @@ def check(registry: Iterable[Callable[[DB], Any]], schedule: Iterable[Any], root
     return report
 
 
-def main(registry: Iterable[Callable[[DB], Any]], schedule: Iterable[Any], root: Path) -> int:
+def main(
+    registry: Iterable[Callable[[DB], Any]], schedule: Iterable[Any], root: Path, extra: Iterable[Path] = ()
+) -> int:
     """Print each problem (and warning); 1 if there is any problem, else 0."""
-    report = check(registry, schedule, root)
+    report = check(registry, schedule, root, extra)
     for line in report.warnings:
         print(f"warning: {line}")
     for line in report.problems:
@@ -103,6 +120,73 @@ def handled(registry: Iterable[Callable[[DB], Any]], problems: list[str]) -> dic
     return queues
 
 
+# Scheduled args against the dataclass the handler reads them into
+
+
+def schedule_args_problems(registry: Iterable[Callable[[DB], Any]], schedule: Iterable[Any]) -> list[str]:
+    """Each schedule entry whose args do not fit its handler's dataclass
+    (a missing field, a field of the wrong type). The dataclass is read from
+    the handler's source, never by running it: where it cannot be told (the
+    handler does not call unmarshal_args with a dataclass it names), the
+    entry is not checked."""
+    types: dict[tuple[str, str], type] = {}
+    db = DB("postgresql:///unused", size=1)
+    for make in registry:
+        try:
+            poller = make(db)
+        except Exception:
+            continue  # handled() reports it
+        for name, handler in poller.dispatch.items():
+            cls = args_type(handler)
+            if cls is not None:
+                types[(poller.queue, name)] = cls
+    problems = []
+    for entry in schedule:
+        cls = types.get((entry.queue, entry.name))
+        if cls is None:
+            continue
+        try:
+            unmarshal_args(cls, entry.args or {})
+        except ArgsError as exc:
+            shown = json.dumps(entry.args or {}, sort_keys=True)
+            problems.append(f"schedule: queue={entry.queue} job={entry.name} args {shown:.200} do not fit: {exc}")
+    return problems
+
+
+def args_type(handler: Callable[..., Any], depth: int = 1) -> type | None:
+    """The dataclass `handler` passes to unmarshal_args, when its source names
+    exactly one, bound in its module or closure; else the same for the
+    functions it holds in its closure or partial (a wrapper such as
+    lib.api_queue's), `depth` levels down. None when it cannot be told."""
+    while isinstance(handler, functools.partial):
+        handler = handler.func
+    handler = inspect.unwrap(handler)
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(handler)))
+        bound = inspect.getclosurevars(handler)
+    except (OSError, TypeError, SyntaxError):
+        return None  # a builtin, a lambda mid-expression, no source at hand
+    names = {**bound.builtins, **bound.globals, **bound.nonlocals}
+    found = set()
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and (getattr(node.func, "id", None) or getattr(node.func, "attr", None)) == "unmarshal_args"
+            and node.args
+            and isinstance(node.args[0], ast.Name)
+        ):
+            cls = names.get(node.args[0].id)
+            if isinstance(cls, type) and dataclasses.is_dataclass(cls):
+                found.add(cls)
+    if len(found) == 1:
+        return found.pop()
+    if found or depth == 0:
+        return None
+    inner = {args_type(f, depth - 1) for f in bound.nonlocals.values() if callable(f) and not isinstance(f, type)}
+    inner.discard(None)
+    return inner.pop() if len(inner) == 1 else None
+
+
 # Python: insert(db, queue, name, ...) and Job(queue, name, ...)
 
 
@@ -115,10 +199,32 @@ def python_files(root: Path) -> Iterator[Path]:
             yield from sorted(p for p in path.rglob("*.py") if "__pycache__" not in p.parts)
 
 
-def python_writers(root: Path, problems: list[str], warnings: list[str]) -> list[Writer]:
+def _found(path: Path, suffix: str) -> list[Path]:
+    """path itself when it is such a file; else the files of that kind under
+    it, leaving out hidden folders (.venv, .git) and caches."""
+    if path.is_file():
+        return [path] if path.suffix == suffix else []
+    return sorted(
+        p
+        for p in path.rglob(f"*{suffix}")
+        if not any(
+            part.startswith(".") or part in ("__pycache__", "site-packages") for part in p.relative_to(path).parts
+        )
+    )
+
+
+def _where(path: Path, root: Path) -> str:
+    """A file as a problem names it: relative to the project, else as it is."""
+    return path.relative_to(root).as_posix() if path.is_relative_to(root) else str(path)
+
+
+def python_writers(
+    root: Path, problems: list[str], warnings: list[str], files: Iterable[Path] | None = None
+) -> list[Writer]:
+    """files: the project's own (CODE) unless given."""
     writers: list[Writer] = []
-    for path in python_files(root):
-        where = path.relative_to(root).as_posix()
+    for path in python_files(root) if files is None else files:
+        where = _where(path, root)
         try:
             text = path.read_text()
             tree = ast.parse(text, filename=where)
@@ -236,12 +342,12 @@ def sql_files(root: Path) -> list[Path]:
     return sorted((root / "sql").rglob("*.sql"))
 
 
-def sql_writers(root: Path, warnings: list[str]) -> list[Writer]:
-    """Literal pairs of every INSERT INTO jobs in sql/ (migrations' DDL has
-    none; a data migration that enqueues is a writer like any other)."""
+def sql_writers(root: Path, warnings: list[str], files: Iterable[Path] | None = None) -> list[Writer]:
+    """Literal pairs of every INSERT INTO jobs in sql/, or in files (migrations'
+    DDL has none; a data migration that enqueues is a writer like any other)."""
     writers: list[Writer] = []
-    for path in sql_files(root):
-        where = path.relative_to(root).as_posix()
+    for path in sql_files(root) if files is None else files:
+        where = _where(path, root)
         for statement in _statements(path.read_text()):
             for start in range(len(statement)):
                 if _is_insert_into_jobs(statement, start):

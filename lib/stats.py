@@ -100,7 +100,7 @@ def workers(db: Any, *, now: datetime | None = None) -> list[WorkerInfo]:
 JOB_COLUMNS = (
     *("id", "queue", "name", "status", "args", "priority", "run_at", "attempts", "max_attempts"),
     *("last_error", "callsite", "worker_id", "slot", "lease_until", "dedupe"),
-    *("created_at", "started_at", "finished_at"),
+    *("created_at", "started_at", "finished_at", "last_traceback"),
 )
 
 
@@ -122,3 +122,15 @@ def age(seconds: float | None) -> str:
     if s < 86400:
         return f"{s // 3600}h{s % 3600 // 60:02d}m"
     return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def unrun_queues(db: Any, registered: Iterable[str]) -> list[tuple[str, int]]:
+    """(queue, due pending rows) of each queue with due rows that is none of
+    the registered ones: a typo in an enqueue, or a queue taken out of the
+    registry with rows left."""
+    return [(q, n) for q, n in db.query(Q.queue_unrun, {"registered": sorted(registered)})]
+
+
+def unrun_line(unrun: Iterable[tuple[str, int]]) -> str:
+    """The one line that names them, for the worker's log and status."""
+    return "queues no worker runs: " + ", ".join(f"{q} ({n} pending)" for q, n in unrun)

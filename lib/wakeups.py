@@ -21,6 +21,8 @@ from lib.errors import Outage
 log = logging.getLogger("jobs.wakeups")
 
 CHANNEL = "jobs"
+# Pauses and resumes (lib/queue_state.py): for the worker's log, not a wakeup.
+STATE_CHANNEL = "jobs_state"
 # How often the loop looks at stop while no notification comes.
 _SELECT_TIMEOUT = 5.0
 _MAX_BACKOFF = 30.0
@@ -34,10 +36,13 @@ class Listener:
         wake_all: Callable[[], None],
         *,
         outage: Outage | None = None,
+        state: Callable[[str], None] | None = None,
     ) -> None:
         self.dsn = dsn
         self.wake = wake
         self.wake_all = wake_all
+        # Given each STATE_CHANNEL payload; None: that channel is not listened to.
+        self.state = state
         self.outage = outage or Outage("listen for wakeups")
         self.listening = Event()  # set while a LISTEN connection is up (tests wait on it)
         self.connections = 0  # how many times it has (re)connected
@@ -77,6 +82,8 @@ class Listener:
         conn.autocommit = True
         with conn.cursor() as cur:
             cur.execute(f"LISTEN {CHANNEL}")
+            if self.state is not None:
+                cur.execute(f"LISTEN {STATE_CHANNEL}")
         self.connections += 1
         self.listening.set()
         log.info("listening for wakeups")
@@ -89,7 +96,11 @@ class Listener:
                 continue
             # Raises when the server went away: the caller reconnects.
             conn.poll()
-            queues = {n.payload for n in conn.notifies}
+            queues = {n.payload for n in conn.notifies if n.channel == CHANNEL}
+            states = [n.payload for n in conn.notifies if n.channel == STATE_CHANNEL]
             conn.notifies.clear()
+            if self.state is not None:
+                for payload in states:
+                    self.state(payload)
             for queue in queues:
                 self.wake(queue)

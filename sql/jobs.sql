@@ -79,6 +79,8 @@ WITH done AS (
       run_at = CASE WHEN coalesce(%(retry_in)s::float8, 0) = 0 THEN run_at
                     ELSE now() + make_interval(secs => %(retry_in)s::float8) END,
       last_error = coalesce(%(last_error)s, last_error),
+      -- Goes with last_error: a new error replaces it (with NULL when it has none).
+      last_traceback = CASE WHEN %(last_error)s::text IS NULL THEN last_traceback ELSE %(last_traceback)s END,
       -- An attempt that did not count (a snooze) gives its allowance back.
       max_attempts = max_attempts + %(uncounted)s,
       lease_until = NULL, slot = NULL

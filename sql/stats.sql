@@ -51,3 +51,9 @@ LEFT JOIN pending p ON p.queue = q.queue
 LEFT JOIN running r ON r.queue = q.queue
 LEFT JOIN done d ON d.queue = q.queue
 LEFT JOIN state s ON s.queue = q.queue
+
+-- name: queue_unrun
+-- Queues with due pending rows that none of the given (registered) queues is: rows no worker will ever claim. Reads pending rows only (jobs_pending_due).
+SELECT queue, count(*)::int FROM jobs
+WHERE status = 'pending' AND run_at <= now() AND NOT (queue = ANY(%(registered)s::text[]))
+GROUP BY queue ORDER BY queue

@@ -139,3 +139,36 @@ def test_a_name_read_from_a_row_cannot_forge_a_log_line(db, database_url, tmp_pa
     lines = log_path.read_text().splitlines()
     assert not [line for line in lines if line.startswith(forged)]
     assert any("probe.Sleep\\n2026-01-01" in line for line in lines)
+
+
+def test_a_fault_quoting_the_database_password_is_stored_without_it(db, monkeypatch):
+    """A handler's error that quotes a configured secret (the password, in a
+    DSN it printed) is stored in the row, status and traceback, masked."""
+    from lib.poller import Poller
+
+    password = "SEKRET-in-a-message-31"
+    monkeypatch.setenv("DATABASE_URL", f"postgresql://u:{password}@db.example/jobs")
+
+    def handler(job):
+        raise RuntimeError(f"could not reach postgresql://u:{password}@db.example/jobs")
+
+    insert(db, "q", "q.N")
+    status = Poller("q", db, {"q.N": handler}).work_once()
+    row = db.query_row("SELECT status, last_error, last_traceback FROM jobs")
+    assert status.startswith("err: RuntimeError: could not reach")
+    assert all(password not in text for text in row), row
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_a_log_line_and_its_traceback_are_masked_of_the_secrets(fmt):
+    import logging
+
+    from lib import logs
+
+    try:
+        raise RuntimeError(f"could not reach postgresql://u:{SECRET}@db/jobs")
+    except RuntimeError as exc:
+        record = logging.LogRecord("jobs", logging.ERROR, __file__, 1, "failed: %s", (exc,), (RuntimeError, exc, None))
+    line = logs.formatter(fmt, [SECRET]).format(record)
+    assert "could not reach" in line and "RuntimeError" in line
+    assert SECRET not in line

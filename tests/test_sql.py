@@ -64,7 +64,7 @@ def _answers(db: DB) -> tuple[list, list[str]]:
             tx.query_row(
                 Q.job_finalize,
                 {"id": job_id, "worker_id": "w", "attempts": 1, "status": "pending", "retry_in": 3600.0}
-                | {"last_error": "err: x", "delay": 0.0, "uncounted": 0},
+                | {"last_error": "err: x", "delay": 0.0, "uncounted": 0, "last_traceback": None},
             )
         )
         answers.append(

@@ -1,0 +1,29 @@
+"""A psycopg2 connection to the database the worker uses, for a plain
+synchronous program (a cron script, a web app) that enqueues with lib.insert.
+
+Plain on purpose, like lib.insert: it never imports gevent. Which database:
+DATABASE_URL when set; else the worker's embedded server (JOBS_DATA_DIR, or
+the checkout's .pgdata/), started if it is not running. The embedded server
+stops when the last process using it exits, so this process holds it, as a
+worker does, until it exits: a script that enqueues with no worker running
+leaves its rows in a server that the next worker starts again.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg2
+
+from lib import embedded
+
+
+def database_url() -> str:
+    """The URL the worker would use: DATABASE_URL, else the embedded server's."""
+    return embedded.database_url()
+
+
+def connect(**kwargs: Any) -> psycopg2.extensions.connection:
+    """A new psycopg2 connection (not in autocommit: `with conn:` commits or
+    rolls back); keyword arguments go to psycopg2.connect."""
+    return psycopg2.connect(database_url(), **kwargs)

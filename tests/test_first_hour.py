@@ -1,0 +1,392 @@
+"""A newcomer's first hour, as the README tells it.
+
+In a copy of the project, the code blocks under "Write a queue" and "Enqueue"
+are read from README.md itself (by their place under those headings, so the
+README cannot drift from what works), written where the README says, and run:
+the worker as `python worker.py`, the enqueue as a plain program outside the
+checkout that imports `lib` the documented way.
+"""
+
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from lib import embedded
+from lib.clock import Scheduled, every
+from lib.errors import MAX_TRACEBACK_BYTES
+from lib.insert import insert
+from lib.poller import Poller
+from lib.registry_check import schedule_args_problems
+from queues import REGISTRY
+from tests.tests_support import wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
+# Not part of the project a newcomer copies: their own data, environment and history.
+NOT_COPIED = shutil.ignore_patterns(".venv", ".pgdata", ".git", "__pycache__", ".ci")
+
+
+def readme_blocks(heading: str, lang: str = "python") -> list[str]:
+    """The fenced blocks of one language under a "## heading" of README.md, in order."""
+    text = (ROOT / "README.md").read_text()
+    match = re.search(rf"^## {re.escape(heading)}\n(.*?)(?=^## |\Z)", text, re.MULTILINE | re.DOTALL)
+    assert match, f"README.md has no section {heading!r}"
+    return re.findall(rf"^```{lang}\n(.*?)^```", match.group(1), re.MULTILINE | re.DOTALL)
+
+
+def _without_tokens() -> dict[str, str]:
+    # The API queues stay off: the example queue is the one under test.
+    return {k: v for k, v in os.environ.items() if not k.endswith(("_TOKEN", "_API_KEY"))}
+
+
+class Worker:
+    """`python worker.py` in the copy; its output gathered by a thread so a
+    test can wait for a line."""
+
+    def __init__(self, project: Path, database_url: str) -> None:
+        self.lines: list[str] = []
+        env = {**_without_tokens(), "DATABASE_URL": database_url, "LOG_LEVEL": "INFO", "SENTRY_DSN": ""}
+        self.proc = subprocess.Popen(
+            [sys.executable, "worker.py"],
+            cwd=project,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def wait_for_line(self, text: str, timeout: float = 30.0) -> None:
+        try:
+            wait_for(lambda: text in self.output or self.proc.poll() is not None, timeout)
+        except AssertionError:
+            raise AssertionError(f"worker never logged {text!r}:\n{self.output}") from None
+        assert text in self.output, self.output
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """A copy of the project with the README's example queue written and
+    registered as the README says."""
+    copy = tmp_path / "jobs"
+    shutil.copytree(ROOT, copy, ignore=NOT_COPIED)
+    queue_code, schedule_entry = readme_blocks("Write a queue")[:2]
+    # The block names its own file on its first line.
+    first = queue_code.splitlines()[0]
+    assert first.startswith("# "), first
+    target = copy / first[2:].strip()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(queue_code)
+    # "add `example` to the line `from queues import ...` and `example.make_worker` to `REGISTRY`"
+    registry = copy / "queues" / "__init__.py"
+    text = registry.read_text()
+    text, imported = re.subn(r"^(from queues import .*)$", r"\1, example", text, count=1, flags=re.MULTILINE)
+    text, added = re.subn(r"^(REGISTRY\b.*= \[)$", r"\1\n    example.make_worker,", text, count=1, flags=re.MULTILINE)
+    assert imported == added == 1, text
+    registry.write_text(text)
+    # The entry goes into SCHEDULE in queues/schedule.py.
+    schedule = copy / "queues" / "schedule.py"
+    text, added = re.subn(
+        r"^(SCHEDULE\b.*= \[)$",
+        lambda m: f"{m[1]}\n    {schedule_entry.strip()},",
+        schedule.read_text(),
+        count=1,
+        flags=re.MULTILINE,
+    )
+    assert added == 1
+    schedule.write_text(text)
+    return copy
+
+
+def run_in(project: Path, database_url: str, *argv: str, cwd: Path | None = None, env: dict | None = None):
+    return subprocess.run(
+        [sys.executable, *argv],
+        cwd=cwd or project,
+        env={**os.environ, "DATABASE_URL": database_url, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def enqueue_as_readme(project: Path, database_url: str, tmp_path: Path) -> int:
+    """The Enqueue block as its own program outside the checkout, importing
+    lib through PYTHONPATH as the README says; checked never to load gevent."""
+    program = tmp_path / "app" / "greet.py"
+    program.parent.mkdir(exist_ok=True)
+    program.write_text(readme_blocks("Enqueue")[0])
+    check = (
+        f"import runpy, sys; runpy.run_path({str(program)!r}, run_name='__main__'); assert 'gevent' not in sys.modules"
+    )
+    done = run_in(project, database_url, "-c", check, cwd=program.parent, env={"PYTHONPATH": str(project)})
+    assert done.returncode == 0, done.stderr
+    found = re.search(r"enqueued job (\d+)", done.stdout)
+    assert found, done.stdout
+    return int(found[1])
+
+
+def status_of(db, job_id: int) -> str:
+    return db.query_row("SELECT status FROM jobs WHERE id = %s", (job_id,))[0]
+
+
+def finished(db, job_id: int, timeout: float = 30) -> str:
+    """The job's status once it is terminal (not pending or started)."""
+    return wait_for(lambda: (s := status_of(db, job_id)) not in ("pending", "started") and s, timeout)
+
+
+def fire_schedule(project: Path, database_url: str) -> None:
+    """One tick of the project's clock at 00:00 UTC (every cadence matches
+    midnight), from the copy's own schedule: no minute-long wait."""
+    code = (
+        "from gevent import monkey; monkey.patch_all()\n"
+        "import os\n"
+        "from datetime import UTC, datetime\n"
+        "from lib.clock import Clock\n"
+        "from lib.db import DB\n"
+        "from queues.schedule import SCHEDULE\n"
+        "db = DB.connect(os.environ['DATABASE_URL'], size=1)\n"
+        "print(Clock(db, [e for e in SCHEDULE if e.queue == 'example']).tick(datetime(2026, 1, 1, tzinfo=UTC)))\n"
+    )
+    done = run_in(project, database_url, "-c", code)
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_readme_example_queue_runs_enqueued_and_scheduled_jobs(db, database_url, project, tmp_path):
+    db.exec("DROP TABLE IF EXISTS greetings")  # the README program's own table, from an earlier test
+    worker = Worker(project, database_url)
+    try:
+        worker.wait_for_line("queues: ")
+        assert "example" in worker.output.split("queues: ")[1].splitlines()[0], worker.output
+        job_id = enqueue_as_readme(project, database_url, tmp_path)
+        assert finished(db, job_id) == "ok: greeted Ada"
+        # The same transaction wrote the program's own row.
+        assert db.query_row("SELECT count(*) FROM greetings WHERE name = 'Ada'")[0] == 1
+
+        fire_schedule(project, database_url)
+        scheduled = wait_for(lambda: db.query_row("SELECT id, status, args FROM jobs WHERE callsite LIKE 'clock:%%'"))
+        # The handler read the entry's args.
+        assert finished(db, scheduled[0]) == "ok: greeted the team"
+
+        # Pause and resume ("Operate"): nothing runs while paused, and the
+        # resume wakes the queue at once, not at its fallback poll (120 s).
+        done = run_in(project, database_url, "worker.py", "pause", "example", "--reason", "trying it out")
+        assert done.returncode == 0, done.stderr
+        worker.wait_for_line("queue=example paused until resumed: trying it out")
+        held = enqueue_as_readme(project, database_url, tmp_path)
+        time.sleep(1.5)  # unpaused, it would have run within milliseconds of its commit
+        assert status_of(db, held) == "pending"
+        done = run_in(project, database_url, "worker.py", "resume", "example")
+        assert done.returncode == 0, done.stderr
+        (resumed_at,) = db.query_row("SELECT now()")
+        assert finished(db, held, timeout=10) == "ok: greeted Ada"
+        (started_at,) = db.query_row("SELECT started_at FROM jobs WHERE id = %s", (held,))
+        assert started_at - resumed_at < timedelta(seconds=1)
+        worker.wait_for_line("queue=example resumed")
+
+        # A handler that raises (no name in the args): the traceback is kept
+        # with the row for `show`, and logged, Sentry being off.
+        done = run_in(project, database_url, "worker.py", "enqueue", "example", "example.Greet", "{}")
+        assert done.returncode == 0, done.stderr
+        broken = int(re.search(r"enqueued job (\d+)", done.stdout)[1])
+        assert finished(db, broken).startswith("err: ")
+        shown = run_in(project, database_url, "worker.py", "show", str(broken))
+        assert shown.returncode == 0, shown.stderr
+        assert "last traceback:\nTraceback (most recent call last):" in shown.stdout, shown.stdout
+        assert 'queues/example/__init__.py", line' in shown.stdout and "in greet" in shown.stdout
+        worker.wait_for_line(f"ERROR jobs queue=example job=example.Greet id={broken} raised err: ")
+        # redrive gives it another attempt, which the worker runs at once.
+        done = run_in(project, database_url, "worker.py", "redrive", "--id", str(broken))
+        assert done.stdout.strip() == f"redrove 1 jobs: {broken}", (done.stdout, done.stderr)
+        assert wait_for(lambda: db.query_row("SELECT attempts FROM jobs WHERE id = %s", (broken,))[0] == 2, 10)
+        assert finished(db, broken).startswith("err: ")
+    finally:
+        worker.stop()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["pause", "nosuchqueue", "--reason", "typo"],
+        ["resume", "nosuchqueue"],
+        ["redrive", "--queue", "nosuchqueue"],
+        ["retry", "--queue", "nosuchqueue", "--dry-run"],
+    ],
+)
+def test_a_queue_no_worker_runs_is_refused_by_name(db, database_url, argv):
+    """A slip in a queue's name used to pause a queue that does not exist (or
+    redrive nothing) and say it had: now one line naming it, and exit 2."""
+    done = run_in(ROOT, database_url, "worker.py", *argv)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert f"{argv[0]}: no queue 'nosuchqueue' is registered" in done.stderr
+    assert db.query_row("SELECT count(*) FROM job_queues")[0] == 0  # nothing was paused
+
+
+def test_the_traceback_is_kept_bounded_and_without_locals(db, caplog):
+    """The row keeps where a handler failed, cut to 8 KiB from the end (the
+    fault's frames), never a frame's locals: args may hold what show's
+    readers may see but a log's may not."""
+
+    def recurse(depth: int) -> str:
+        secret = f"sekret-{depth}"  # a local, as a handler's copy of its args would be
+        if depth == 0:
+            raise ValueError("at the bottom")
+        return other(depth - 1) + secret
+
+    def other(depth: int) -> str:
+        # Alternating frames: Python prints a run of one repeated frame as one line.
+        return recurse(depth)
+
+    poller = Poller("tb", db, {"tb.Deep": lambda job: recurse(job.args["depth"])})
+    job_id = insert(db, "tb", "tb.Deep", {"depth": 200})
+    with caplog.at_level(logging.ERROR, logger="jobs"):
+        assert poller.work_once() == "err: ValueError: at the bottom"
+    (kept,) = db.query_row("SELECT last_traceback FROM jobs WHERE id = %s", (job_id,))
+    assert len(kept.encode()) <= MAX_TRACEBACK_BYTES
+    assert kept.startswith("(traceback cut to its last lines)")
+    assert kept.endswith("ValueError: at the bottom\n")
+    assert "sekret" not in kept
+    # Sentry is off in this test: the log has it, traceback and all.
+    [record] = [r for r in caplog.records if "raised" in r.getMessage()]
+    assert record.getMessage() == f"queue=tb job=tb.Deep id={job_id} raised err: ValueError: at the bottom"
+    assert record.exc_info is not None
+
+
+def test_with_sentry_on_the_fault_goes_there_not_to_the_error_log(db, caplog, sentry_events):
+    poller = Poller("tb", db, {"tb.N": lambda job: 1 / 0})
+    job_id = insert(db, "tb", "tb.N")
+    with caplog.at_level(logging.ERROR, logger="jobs"):
+        assert poller.work_once() == "err: ZeroDivisionError: division by zero"
+    assert not [r for r in caplog.records if "raised" in r.getMessage()]
+    (kept,) = db.query_row("SELECT last_traceback FROM jobs WHERE id = %s", (job_id,))
+    assert "ZeroDivisionError" in kept  # kept with the row either way
+
+
+def test_check_scans_a_path_outside_the_project(tmp_path, database_url):
+    """An application's own enqueue calls, and its SQL, are writers too: a
+    typo there is caught when its folder is given to check."""
+    app = tmp_path / "myapp"
+    (app / "jobs").mkdir(parents=True)
+    (app / "jobs" / "enqueue.py").write_text(
+        "from lib.insert import insert\n\n\ndef age(conn):\n    insert(conn, 'caches', 'caches.Agee')\n"
+    )
+    (app / "enqueue.sql").write_text("INSERT INTO jobs (queue, name) VALUES ('cachez', 'caches.Age');\n")
+    # A virtualenv inside the app is not its code.
+    (app / ".venv").mkdir()
+    (app / ".venv" / "vendored.py").write_text("from lib.insert import insert\ninsert(c, 'x', 'x.Y')\n")
+    alone = run_in(ROOT, database_url, "worker.py", "check")
+    assert alone.returncode == 0, alone.stdout  # the project alone is fine: the path is what finds the typos
+    done = run_in(ROOT, database_url, "worker.py", "check", str(app))
+    assert done.returncode == 1, done.stdout
+    assert f"{app}/jobs/enqueue.py:5: queue=caches job=caches.Agee has no worker" in done.stdout
+    assert f"{app}/enqueue.sql:1: queue=cachez job=caches.Age has no worker (no such queue" in done.stdout
+    assert "x.Y" not in done.stdout
+    missing = run_in(ROOT, database_url, "worker.py", "check", str(tmp_path / "nope"))
+    assert missing.returncode == 2 and "no such file or folder" in missing.stderr
+
+
+def test_worker_and_status_name_queues_no_worker_runs(db, database_url):
+    """Rows of a queue nobody registered wait for ever; the worker says so
+    once at start, and status lists them (due rows only: a delayed one may
+    yet find its worker)."""
+    for _ in range(3):
+        insert(db, "cachez", "caches.Age")
+    insert(db, "cachez", "caches.Age", {"later": True}, run_at=datetime.now(UTC) + timedelta(hours=1))
+    insert(db, "caches", "caches.Age", run_at=datetime.now(UTC) + timedelta(hours=1))  # registered: not named
+    worker = Worker(ROOT, database_url)
+    try:
+        worker.wait_for_line("queues no worker runs: cachez (3 pending)")
+    finally:
+        worker.stop()
+    assert worker.output.count("queues no worker runs") == 1, worker.output
+    shown = run_in(ROOT, database_url, "worker.py", "status")
+    assert "\nqueues no worker runs: cachez (3 pending)\n" in shown.stdout, shown.stdout
+    as_json = run_in(ROOT, database_url, "worker.py", "status", "--json")
+    assert json.loads(as_json.stdout)["unrun"] == [{"queue": "cachez", "due": 3}]
+
+
+def test_check_fails_a_scheduled_entry_whose_args_do_not_fit_its_handler(project, database_url):
+    """The README's queue and entry pass; the same entry with a misspelt key
+    fails check, before any worker enqueues it every fifteen minutes. The
+    dataclass is read from the handler's source; no handler runs."""
+    done = run_in(project, database_url, "worker.py", "check")
+    assert done.returncode == 0, done.stdout
+    schedule = project / "queues" / "schedule.py"
+    schedule.write_text(schedule.read_text().replace('args={"name": "the team"}', 'args={"nmae": "the team"}'))
+    done = run_in(project, database_url, "worker.py", "check")
+    assert done.returncode == 1, done.stdout
+    assert (
+        'schedule: queue=example job=example.Greet args {"nmae": "the team"} do not fit: GreetArgs: missing field \'name\''
+        in done.stdout
+    )
+
+
+def test_args_of_a_wrapped_handler_are_checked_too():
+    """The API queues' handlers sit behind lib.api_queue's wrapper; a wrong
+    type is named with the field."""
+    entries = [
+        Scheduled("github", "github.FetchRepo", every(15), args={"owner": "octo", "repo": 7}),
+        Scheduled("github", "github.FetchUser", every(15), args={"login": "octo"}),
+    ]
+    [problem] = schedule_args_problems(REGISTRY, entries)
+    assert problem.startswith("schedule: queue=github job=github.FetchRepo args")
+    assert "FetchRepoArgs: field 'repo' should be str, got int 7" in problem
+
+
+def test_connect_without_database_url_starts_and_holds_the_embedded_server():
+    """With no DATABASE_URL, lib.connect reaches the worker's embedded server
+    (starting it, as no worker runs), holds it while the program runs, and
+    the server stops once the program, its last user, exits."""
+    # Not tmp_path: as root the server runs as postgres, which must enter the folders above it.
+    base = Path(tempfile.mkdtemp(prefix="jobs-connect-"))
+    base.chmod(0o711)
+    data_dir = base / "pgdata"
+    code = (
+        "import sys\n"
+        "from lib.connect import connect\n"
+        "conn = connect()\n"
+        "with conn, conn.cursor() as cur:\n"
+        "    cur.execute('SELECT 41 + 1')\n"
+        "    print(cur.fetchone()[0])\n"
+        "assert 'gevent' not in sys.modules\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"} | {"JOBS_DATA_DIR": str(data_dir)}
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == "42"
+        assert list(data_dir.glob("*/PG_VERSION")), "no cluster was made in JOBS_DATA_DIR"
+        assert not list(data_dir.rglob("postmaster.pid")), "the server outlived the program that used it"
+    finally:
+        embedded.stop(data_dir)
+        shutil.rmtree(base, ignore_errors=True)
