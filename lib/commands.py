@@ -156,6 +156,11 @@ def redrive_failed(db: Any, args: argparse.Namespace, out: IO[str], err: IO[str]
                 _redrive_batches(tx, ids, result, bar)
         else:
             _redrive_batches(db, ids, result, bar)
+    if args.ids:
+        # Asked for by id but not failed: say why each was left alone.
+        found = dict(db.query(Q.job_status_of, {"ids": sorted(set(args.ids) - set(ids))}))
+        for job_id in set(args.ids) - set(ids):
+            result.skipped[job_id] = _not_redriven(found.get(job_id))
     result.redriven.sort()
     result.skipped = dict(sorted(result.skipped.items()))
     if args.json:
@@ -169,9 +174,26 @@ def redrive_failed(db: Any, args: argparse.Namespace, out: IO[str], err: IO[str]
         print(f"{would}{'skip' if args.dry_run else 'skipped'} {len(result.skipped)} jobs:", file=out)
         for job_id, why in result.skipped.items():
             print(f"  {job_id}: {why}", file=out)
+    if not ids and not args.ids:
+        print(f"no err: job matches; {NOT_FAULTS}", file=out)
     if args.dry_run:
         print("dry run: nothing was changed", file=out)
     return 0
+
+
+NOT_FAULTS = "fail: and skip: are answers a retry does not change, and are not redriven"
+
+
+def _not_redriven(status: str | None) -> str:
+    if status is None:
+        return "no such job"
+    try:
+        kind = st.kind(status)
+    except ValueError:
+        return f"its status {status[:80]!r} is not a failure"
+    if kind in (st.Kind.FAIL, st.Kind.SKIP):
+        return f"it ended {status[:80]!r}; {NOT_FAULTS}"
+    return f"it is {kind}, not failed"
 
 
 def enqueue(

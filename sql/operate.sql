@@ -27,3 +27,7 @@ RETURNING id
 -- name: job_statuses
 -- The status of each of the given jobs that exists.
 SELECT id, status FROM jobs WHERE id = ANY(%(ids)s::bigint[])
+
+-- name: job_status_of
+-- The status of each of the given jobs that exists: why a redrive asked for by id left one alone.
+SELECT id, status FROM jobs WHERE id = ANY(%(ids)s::bigint[])

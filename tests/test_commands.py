@@ -426,3 +426,19 @@ def test_bad_arguments_exit_2_from_a_real_process(database_url):
 def test_every_command_has_help(cli, command):
     code, out, _ = cli(command, "--help")
     assert code == 0 and out.startswith("usage:") and "--json" in out
+
+
+def test_redrive_says_why_a_job_asked_for_is_not_redriven(db, cli):
+    """A fail: job is an answer, not a fault: redrive leaves it and says so,
+    as it does for a job that is not failed or does not exist."""
+    answered = _job(db, status="fail: no such repo", n=1, attempts=1)
+    waiting = _job(db, n=2)
+    code, out, _ = cli("redrive", "--id", str(answered), str(waiting), "999999")
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0] == "redrove 0 jobs"
+    assert f"  {answered}: it ended 'fail: no such repo'; fail: and skip: are answers" in out
+    assert f"  {waiting}: it is pending, not failed" in lines
+    assert "  999999: no such job" in lines
+    _, nothing, _ = cli("redrive", "--queue", "caches")
+    assert "no err: job matches; fail: and skip: are answers" in nothing
