@@ -16,11 +16,16 @@ from typing import Any
 import psycopg2
 
 from lib import embedded
+from lib.settings import check_dsn
 
 
 def database_url() -> str:
-    """The URL the worker would use: DATABASE_URL, else the embedded server's."""
-    return embedded.database_url()
+    """The URL the worker would use: DATABASE_URL, else the embedded server's.
+    A DATABASE_URL the driver cannot parse is refused here, named with its
+    password masked (the driver's own error would quote it)."""
+    url = embedded.database_url()
+    check_dsn(url)
+    return url
 
 
 def connect(**kwargs: Any) -> psycopg2.extensions.connection:

@@ -172,3 +172,13 @@ def test_a_log_line_and_its_traceback_are_masked_of_the_secrets(fmt):
     line = logs.formatter(fmt, [SECRET]).format(record)
     assert "could not reach" in line and "RuntimeError" in line
     assert SECRET not in line
+
+
+def test_lib_connect_refuses_a_malformed_database_url_without_showing_its_password(monkeypatch):
+    from lib.connect import connect
+
+    monkeypatch.setenv("DATABASE_URL", f"postgresql://postgres:ab%zz{SECRET}@127.0.0.1:5432/postgres")
+    with pytest.raises(SettingError) as refused:
+        connect()
+    assert "DATABASE_URL is malformed" in str(refused.value)
+    assert SECRET not in str(refused.value)
