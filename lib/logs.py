@@ -16,7 +16,7 @@ from collections.abc import Iterable
 
 from pythonjsonlogger.json import JsonFormatter
 
-from lib.redact import scrub
+from lib.redact import scrubber
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 
@@ -58,10 +58,10 @@ class MaskingFormatter(logging.Formatter):
     def __init__(self, inner: logging.Formatter, secrets: Iterable[str]) -> None:
         super().__init__()
         self.inner = inner
-        self.secrets = [s for s in secrets if s]
+        self.scrub = scrubber(s for s in secrets if s)
 
     def format(self, record: logging.LogRecord) -> str:
-        return scrub(self.inner.format(record), self.secrets)
+        return self.scrub(self.inner.format(record))
 
 
 def formatter(fmt: str = "text", secrets: Iterable[str] = ()) -> logging.Formatter:

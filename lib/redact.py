@@ -7,7 +7,7 @@ lib/errors.py masks Sentry events with it, without importing each other.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 REDACTED = "[redacted]"
 
@@ -23,13 +23,24 @@ def forms(secret: str) -> set[str]:
     return {secret, repr(secret)[1:-1], ascii(secret)[1:-1], json.dumps(secret)[1:-1]}
 
 
-def scrub(text: str, secrets: Iterable[str]) -> str:
-    """text with every form of every secret replaced by REDACTED."""
+def scrubber(secrets: Iterable[str]) -> Callable[[str], str]:
+    """scrub() for these secrets, their forms worked out once (for a log
+    formatter, which scrubs every line)."""
     # Longest first: a form that contains another is replaced whole, not left
     # with a tail of escapes around a REDACTED.
-    for form in sorted({f for s in secrets for f in forms(s)}, key=len, reverse=True):
-        text = text.replace(form, REDACTED)
-    return text
+    ordered = sorted({f for s in secrets for f in forms(s)}, key=len, reverse=True)
+
+    def scrub_(text: str) -> str:
+        for form in ordered:
+            text = text.replace(form, REDACTED)
+        return text
+
+    return scrub_
+
+
+def scrub(text: str, secrets: Iterable[str]) -> str:
+    """text with every form of every secret replaced by REDACTED."""
+    return scrubber(secrets)(text)
 
 
 def carries(text: str, secrets: Iterable[str]) -> bool:
