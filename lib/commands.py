@@ -14,6 +14,7 @@ import argparse
 import json
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import IO, Any
 
@@ -50,7 +51,7 @@ def status(db: Any, args: argparse.Namespace, out: IO[str], *, queues: Iterable[
     known = workers(db)
     unrun = unrun_queues(db, queues) if queues else []
     if args.json:
-        document = {"queues": [_queue_json(s) for s in found], "workers": [_worker_json(w) for w in known]}
+        document = {"queues": [asdict(s) for s in found], "workers": [asdict(w) for w in known]}
         document["unrun"] = [{"queue": q, "due": n} for q, n in unrun]
         _json(out, document)
         return 0
@@ -307,35 +308,6 @@ def _rolled_back(db: Any) -> Iterator[Any]:
 def _is_tty(stream: IO[str]) -> bool:
     isatty = getattr(stream, "isatty", None)
     return bool(isatty and isatty())
-
-
-def _queue_json(s: QueueStats) -> dict[str, Any]:
-    return {
-        "queue": s.queue,
-        "pending": s.pending,
-        "due": s.due,
-        "delayed": s.delayed,
-        "running": s.running,
-        "oldest_due_age_s": s.oldest_due_age_s,
-        "done_1h": s.done_1h,
-        "retrying": s.retrying,
-        "paused_until": s.paused_until,
-        "pause_reason": s.pause_reason,
-        "throttled_until": s.throttled_until,
-    }
-
-
-def _worker_json(w: WorkerInfo) -> dict[str, Any]:
-    return {
-        "id": w.id,
-        "host": w.host,
-        "pid": w.pid,
-        "started_at": w.started_at,
-        "last_seen": w.last_seen,
-        "queues": w.queues,
-        "alive": w.alive,
-        "holding": w.holding,
-    }
 
 
 def _worker_row(w: WorkerInfo, now: datetime, *, holding: bool = False) -> list[Any]:

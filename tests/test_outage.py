@@ -3,7 +3,7 @@ import logging
 import gevent
 from gevent.event import Event
 from proxy import Proxy
-from tests_support import count_jobs, start_worker, wait_for
+from tests_support import count_jobs, read_until, start_worker, wait_for
 
 from lib.db import DB
 from lib.errors import Outage
@@ -15,17 +15,6 @@ def _wait_for(predicate, timeout: float = 20.0) -> None:
     with gevent.Timeout(timeout):
         while not predicate():
             gevent.sleep(0.02)
-
-
-def _read_until(proc, text: str, timeout: float = 30.0) -> str:
-    """What the process printed up to the first line holding text."""
-    lines = []
-    with gevent.Timeout(timeout):
-        for line in proc.stdout:
-            lines.append(line)
-            if text in line:
-                return "".join(lines)
-    raise AssertionError(f"the process ended before printing {text!r}: {''.join(lines)}")
 
 
 def test_unreachable_database_is_one_event_for_the_whole_outage(database_url, db, sentry_events, caplog):
@@ -92,7 +81,7 @@ def test_a_worker_started_while_the_database_is_down_waits_for_it(db, database_u
     proc = start_worker(proxy.url)
     try:
         # Refused once, it says so and keeps trying (the next try is a second later).
-        before = _read_until(proc, "database at start failing")
+        before = read_until(proc, "database at start failing")
         assert proc.poll() is None, before
         proxy.up()
         job_id = insert(db, "probe", "probe.Sleep", {"seconds": 0})

@@ -6,6 +6,7 @@ import sys
 import time
 from pathlib import Path
 
+import gevent
 import psycopg2
 
 from lib.db import DB
@@ -90,3 +91,14 @@ def waiting_on(db: DB, wait_event: str, app: str | None = None) -> list[int]:
         (wait_event, app, app),
     )
     return [pid for (pid,) in rows]
+
+
+def read_until(proc, text: str, timeout: float = 30.0) -> str:
+    """What the process printed up to the first line holding text."""
+    lines = []
+    with gevent.Timeout(timeout):
+        for line in proc.stdout:
+            lines.append(line)
+            if text in line:
+                return "".join(lines)
+    raise AssertionError(f"the process ended before printing {text!r}: {''.join(lines)}")

@@ -10,11 +10,10 @@ import sys
 from datetime import timedelta
 from pathlib import Path
 
-import gevent
 import pytest
 from conftest import NOW, TOKEN
 from gevent.event import Event
-from tests_support import wait_for
+from tests_support import read_until, wait_for
 
 from lib import status as st
 from lib.clients import ApolloClient, GitHubClient, SlackClient
@@ -171,17 +170,6 @@ def test_anthropic_overloaded_sends_the_job_back(db, fake_api, sentry_events):
     assert sentry_events == []
 
 
-def _read_until(proc: subprocess.Popen, text: str, timeout: float = 30.0) -> str:
-    """What the process printed up to the first line holding text."""
-    lines = []
-    with gevent.Timeout(timeout):
-        for line in proc.stdout:
-            lines.append(line)
-            if text in line:
-                return "".join(lines)
-    raise AssertionError(f"the process ended before printing {text!r}: {''.join(lines)}")
-
-
 def _run_worker(database_url, env, until=lambda: True):
     """The real worker.py with env, stopped by SIGTERM once it runs and until()
     holds: its output."""
@@ -195,7 +183,7 @@ def _run_worker(database_url, env, until=lambda: True):
     )
     try:
         # The line it logs once every poller is started and its signal handlers are set.
-        started = _read_until(proc, " queues: ")
+        started = read_until(proc, " queues: ")
         wait_for(until, 30)
         proc.send_signal(signal.SIGTERM)
         rest, _ = proc.communicate(timeout=30)
