@@ -35,8 +35,10 @@ log = logging.getLogger("jobs.worker")
 
 Registry = Sequence[Callable[[DB], Poller]]
 
-# Connections beyond one per poller slot: the lease keeper, the clock, and a
-# handler's own queries while its slot's connection is busy.
+# The pool's ceiling: one connection per poller slot, and a few for the lease
+# keeper and the clock, so that every handler's own queries can run at once.
+# Connections open only when used and close when idle (lib/db.py): the
+# pollers' claims and outcomes share the group commit's one (lib/commit.py).
 POOL_BUFFER = 4
 
 

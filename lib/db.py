@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import queue
 import select
 import sys
 import threading
 import time
 import weakref
+from collections import deque
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -40,6 +40,11 @@ class PoolTimeout(Exception):
     """Every connection stayed checked out for the whole checkout timeout."""
 
 
+class NoReply(Exception):
+    """A statement got no answer in time: what it did on the server is not
+    known until settled (DB.settle, with the backend_pid noted on it)."""
+
+
 def is_conn_failure(exc: BaseException) -> bool:
     """True when exc says the connection was lost, not that the server refused
     the statement. Such a statement may be run again on another connection;
@@ -59,7 +64,7 @@ def is_unique_violation(exc: BaseException) -> bool:
 def is_database_error(exc: BaseException) -> bool:
     """exc came from the database or the way to it (the driver, the pool), not
     from a bug in the code that called it."""
-    return isinstance(exc, psycopg2.Error | PoolTimeout)
+    return isinstance(exc, psycopg2.Error | PoolTimeout | NoReply)
 
 
 def is_server_error(exc: BaseException) -> bool:
@@ -185,13 +190,6 @@ class _Runner:
             cur.execute(_text(cur, sql, params, self.prepare))
             return cur.fetchall()
 
-    def query_row_last(self, statements: Sequence[tuple[str, Params]]) -> Row | None:
-        """Run statements in one round trip and one transaction (all or none);
-        the first row of the last one."""
-        with self._cursor() as cur:
-            cur.execute(b";\n".join(_text(cur, sql, params, self.prepare) for sql, params in statements))
-            return cur.fetchone()
-
 
 class Tx(_Runner):
     """One connection inside an open transaction."""
@@ -206,8 +204,28 @@ class Tx(_Runner):
             yield cur
 
 
+class _Reserved(_Runner):
+    """The pool's reserved connection: one user at a time (lib.commit)."""
+
+    def __init__(self, db: DB) -> None:
+        self.db = db
+
+    @property
+    def prepare(self) -> bool:  # type: ignore[override]
+        return self.db.prepare
+
+    @contextmanager
+    def _cursor(self) -> Iterator[psycopg2.extensions.cursor]:
+        with self.db._checked_out(reserved=True) as conn, conn.cursor() as cur:
+            yield cur
+
+
 class DB(_Runner):
-    """A pool of autocommit connections; each call checks one out and back in."""
+    """A pool of autocommit connections; each call checks one out and back in.
+
+    Connections open when needed and close once idle for idle_timeout, so an
+    idle worker holds next to none, and a busy one as many as it uses at once
+    (at most size, plus the one reserved for the outcome writes)."""
 
     def __init__(
         self,
@@ -216,6 +234,7 @@ class DB(_Runner):
         *,
         checkout_timeout: float = 30.0,
         ping_after: float = 300.0,
+        idle_timeout: float = 60.0,
         connect_timeout: int = 5,
         application_name: str = "jobs",
         prepare: bool = True,
@@ -227,14 +246,21 @@ class DB(_Runner):
         self.size = size
         self.checkout_timeout = checkout_timeout
         self.ping_after = ping_after
+        self.idle_timeout = idle_timeout
         # Off behind a pooler in transaction mode, which cannot keep a
         # connection's prepared statements.
         self.prepare = prepare
         self._connect_kwargs = {**connect_options(application_name), "connect_timeout": connect_timeout}
-        self._idle: queue.LifoQueue[_Pooled] = queue.LifoQueue()
+        # Most recently used on the right: it is handed out next, and the
+        # connections on the left are the ones that have been idle longest.
+        self._idle: deque[_Pooled] = deque()
         self._slots = threading.Semaphore(size)
+        # One more connection, only for DB.reserved: the group commit's writes
+        # never wait behind handlers that hold every other connection.
+        self._reserve = threading.Semaphore(1)
         self._closed = False
         self.in_use = 0  # connections checked out now (for /metrics)
+        self.reserved = _Reserved(self)
 
     @classmethod
     def connect(cls, dsn: str, size: int = 10, **options: Any) -> DB:
@@ -249,13 +275,15 @@ class DB(_Runner):
         for _ in range(n):
             self._slots.release()
 
+    @property
+    def open_idle(self) -> int:
+        """Connections open and not checked out now."""
+        return len(self._idle)
+
     def close(self) -> None:
         self._closed = True
-        while True:
-            try:
-                self._idle.get_nowait().conn.close()
-            except queue.Empty:
-                return
+        while self._idle:
+            self._idle.pop().conn.close()
 
     def _open(self) -> _Pooled:
         conn = psycopg2.connect(self.dsn, **self._connect_kwargs)
@@ -284,27 +312,33 @@ class DB(_Runner):
             pooled.conn.close()
             return False
 
-    def _checkout(self) -> _Pooled:
+    def _prune(self) -> None:
+        """Close the connections idle for longer than idle_timeout."""
+        ended = time.monotonic() - self.idle_timeout
+        while self._idle and self._idle[0].idle_since < ended:
+            self._idle.popleft().conn.close()
+
+    def _checkout(self, reserved: bool = False) -> _Pooled:
         if self._closed:
             raise RuntimeError("the pool is closed")
         began = time.monotonic()
-        if not self._slots.acquire(timeout=self.checkout_timeout):
+        slots = self._reserve if reserved else self._slots
+        if not slots.acquire(timeout=self.checkout_timeout):
             raise PoolTimeout(f"no connection free within {self.checkout_timeout}s (pool size {self.size})")
         metrics.checkout_waited(time.monotonic() - began)
         try:
-            while True:
-                try:
-                    pooled = self._idle.get_nowait()
-                except queue.Empty:
-                    return self._open()
+            self._prune()
+            while self._idle:
+                pooled = self._idle.pop()
                 if self._alive(pooled):
                     return pooled
                 log.info("discarded a dead idle connection")
+            return self._open()
         except BaseException:
-            self._slots.release()
+            slots.release()
             raise
 
-    def _checkin(self, pooled: _Pooled, exc: BaseException | None) -> None:
+    def _checkin(self, pooled: _Pooled, exc: BaseException | None, reserved: bool = False) -> None:
         try:
             if (exc is not None and not _reusable_after(exc)) or self._closed or pooled.conn.closed:
                 pooled.conn.close()
@@ -313,16 +347,17 @@ class DB(_Runner):
                 pooled.conn.rollback()
             pooled.conn.autocommit = True
             pooled.idle_since = time.monotonic()
-            self._idle.put(pooled)
+            self._idle.append(pooled)
+            self._prune()
         except psycopg2.Error:
             pooled.conn.close()
         finally:
             self.in_use -= 1
-            self._slots.release()
+            (self._reserve if reserved else self._slots).release()
 
     @contextmanager
-    def _checked_out(self) -> Iterator[psycopg2.extensions.connection]:
-        pooled = self._checkout()
+    def _checked_out(self, reserved: bool = False) -> Iterator[psycopg2.extensions.connection]:
+        pooled = self._checkout(reserved)
         self.in_use += 1
         try:
             yield pooled.conn
@@ -331,9 +366,9 @@ class DB(_Runner):
                 # What the statement did on the server is not known; settle() finds out.
                 with contextlib.suppress(AttributeError, TypeError):
                     exc.backend_pid = pooled.backend_pid  # type: ignore[union-attr]
-            self._checkin(pooled, exc)
+            self._checkin(pooled, exc, reserved)
             raise
-        self._checkin(pooled, None)
+        self._checkin(pooled, None, reserved)
 
     @contextmanager
     def _cursor(self) -> Iterator[psycopg2.extensions.cursor]:

@@ -19,6 +19,7 @@ from greenlet import GreenletExit
 
 from lib import metrics
 from lib import status as st
+from lib.commit import committer
 from lib.db import DB, is_conn_failure, is_data_error, is_database_error, is_server_error, is_unique_violation
 from lib.errors import Outage, capture, reporting, secrets_from_env, traceback_text
 from lib.insert import MAX_ARGS_BYTES
@@ -167,6 +168,8 @@ class Poller:
         # The worker shares one Leases (its worker id, lease length, renewal
         # and fence) between all its pollers; this default serves tests.
         self.leases = Leases(db)
+        # Outcomes and claims go to the server in the process's group commit.
+        self.commit = committer(db)
         self.running: dict[int, PendingJob] = {}
         # The job each slot's handler is running now, and the greenlet it runs
         # in: only that handler may be fenced.
@@ -242,9 +245,12 @@ class Poller:
                 retry_wait = 1.0
             if looked.job is None:
                 # The queue's next delayed row, or the end of its pause or
-                # throttle, when that comes before the fallback poll.
+                # throttle, when that comes before the fallback poll. The
+                # fallback polls of all queues fall on the same instants, so
+                # an idle worker's go to the server as one batch.
                 wait = looked.wait
-                timeout = self.poll_interval if wait is None or wait <= 0 else min(wait, self.poll_interval)
+                fallback = self.poll_interval - time.monotonic() % self.poll_interval
+                timeout = fallback if wait is None or wait <= 0 else min(wait, fallback)
                 gevent.wait([stop, wakeup], timeout=timeout, count=1)
                 looked = None
                 continue
@@ -296,7 +302,7 @@ class Poller:
                 return mine, None
         while True:
             try:
-                row = self.db.query_row(Q.job_claim, self._claim_params(job_id, slot))
+                row = self.commit.send(None, self._claim_params(job_id, slot)).row
             except Exception as exc:
                 if is_unique_violation(exc):
                     return None, None
@@ -527,11 +533,8 @@ class Poller:
         params = self._outcome_params(job, outcome, delay)
         if next_slot is not None:
             try:
-                with gevent.Timeout(FINALIZE_TIMEOUT):
-                    row = self.db.query_row_last(
-                        [(Q.job_finalize, params), (Q.job_claim, self._claim_params(None, next_slot))]
-                    )
-            except (Exception, gevent.Timeout) as exc:
+                reply = self.commit.send(params, self._claim_params(None, next_slot))
+            except Exception as exc:
                 log.debug("queue=%s id=%d outcome and next claim together failed: %s", self.queue, job.id, exc)
                 if not is_server_error(exc):
                     # No answer: the server may have committed both, or may
@@ -544,8 +547,8 @@ class Poller:
                 # Else a server error rolled both back (another row holding
                 # the slot refuses the claim, say): the outcome goes alone.
             else:
-                self._check_written(job, outcome, row[-1] if row else 0)
-                return Looked(*_claimed(row))
+                self._check_written(job, outcome, reply.written)
+                return Looked(*_claimed(reply.row))
         self._write_alone(job, outcome, params)
         return None
 
@@ -583,9 +586,8 @@ class Poller:
         replaced = False
         for attempt in (1, 2):
             try:
-                with gevent.Timeout(FINALIZE_TIMEOUT):
-                    (written,) = self.db.query_row(Q.job_finalize, params) or (0,)
-            except (Exception, gevent.Timeout) as exc:
+                written = self.commit.send(params, None).written
+            except Exception as exc:
                 if attempt == 1 and is_conn_failure(exc):
                     log.warning("queue=%s id=%d finalize lost its connection, once more: %s", self.queue, job.id, exc)
                     continue
@@ -609,7 +611,7 @@ class Poller:
             self._check_written(job, outcome, written)
             return
 
-    def _check_written(self, job: PendingJob, outcome: Outcome, written: int) -> None:
+    def _check_written(self, job: PendingJob, outcome: Outcome, written: bool) -> None:
         if not written:
             # The lease ran out (no heartbeat got through) and another worker
             # rescued the row; its outcome stands.
@@ -663,7 +665,7 @@ def _claimed(row: tuple[Any, ...] | None) -> tuple[PendingJob | None, float | No
     """A job_claim row as (job, None), or (None, seconds until the queue may have work)."""
     if row is None:
         return None, None
-    job_id, name, args_text, attempts, max_attempts, callsite, latency, wait, _finalized = row
+    job_id, name, args_text, attempts, max_attempts, callsite, latency, wait, _slot = row
     if job_id is None:
         return None, wait
     args, args_error = _decode_args(args_text)

@@ -21,86 +21,30 @@ ON CONFLICT DO NOTHING
 RETURNING id
 
 -- name: job_claim
--- Move the queue's next due pending row (or the one asked for) to started in one statement, unless the queue is paused or throttled; with nothing claimed, one row of NULLs whose wait says how long until the queue may have work. The unique (queue, slot) index refuses a claim past the queue's concurrency.
-WITH gate AS (
-  SELECT greatest(paused_until, next_claim_at) AS until
-  FROM job_queues WHERE queue = %(queue)s AND greatest(paused_until, next_claim_at) > now()
-),
-next AS (
-  SELECT id FROM jobs
-  WHERE queue = %(queue)s AND status = 'pending' AND run_at <= now()
-    AND id = coalesce(%(id)s::bigint, id)  -- not an OR: that makes the cached plan look dear, and every claim re-planned
-    AND NOT EXISTS (SELECT 1 FROM gate)
-  ORDER BY priority DESC, run_at, id
-  LIMIT 1
-  -- Not SKIP LOCKED: a claimer that skipped the locked head could take the next
-  -- row and win the queue's slot first, running job n+1 before job n. Waiting
-  -- is brief (the other claim commits in a moment); then the head, no longer
-  -- pending, is passed over and the slot index refuses this claim.
-  FOR UPDATE
-),
-claimed AS (
-  UPDATE jobs j
-  SET status = 'started', started_at = now(), finished_at = NULL,
-      attempts = j.attempts + 1,
-      max_attempts = coalesce(j.max_attempts, %(max_attempts)s),
-      worker_id = %(worker_id)s, slot = %(slot)s,
-      -- From the moment of the claim, not the transaction's start: a claim
-      -- that waited on a row lock longer than the lease must not commit a
-      -- lease already run out.
-      lease_until = clock_timestamp() + make_interval(secs => %(lease)s)
-  FROM next
-  WHERE j.id = next.id
-  -- args as text: decoded by the worker, which can end a row whose args it cannot read.
-  RETURNING j.id, j.name, j.args::text, j.attempts, j.max_attempts, j.callsite,
-            greatest(extract(EPOCH FROM now() - j.run_at), 0)::float8 AS latency
-)
-SELECT id, name, args, attempts, max_attempts, callsite, latency, NULL::float8 AS wait,
-       -- What a job_finalize sent in the same transaction wrote (NULL: none was).
-       nullif(current_setting('jobs.finalized', true), '')::int AS finalized
-FROM claimed
-UNION ALL
-SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       extract(EPOCH FROM coalesce(
-         (SELECT least(until, now() + interval '1 day') FROM gate),  -- a pause may be infinite
-         (SELECT min(run_at) FROM jobs
-          WHERE queue = %(queue)s AND status = 'pending' AND run_at > now())
-       ) - now())::float8,
-       nullif(current_setting('jobs.finalized', true), '')::int
-WHERE NOT EXISTS (SELECT 1 FROM claimed)
+-- Claim the queue's next due job (or the one asked for) for one slot: jobs_claim (migration 014) in job_claimed_by's columns. With nothing claimed, one row of NULLs whose wait says how long until the queue may have work.
+SELECT id, name, args, attempts, max_attempts, callsite, latency, wait, slot
+FROM jobs_claim(%(queue)s, ARRAY[%(slot)s::int], %(worker_id)s, %(lease)s::float8, %(max_attempts)s::int, %(id)s::bigint)
 
 -- name: job_finalize
--- Write a claimed job's outcome by primary key (terminal, or back to pending for a retry) and hold the queue's next claim back by the throttle's delay. Safe to run twice: it matches the row still started by this claim, or already holding this very outcome.
-WITH done AS (
-  UPDATE jobs
-  SET status = %(status)s,
-      finished_at = CASE WHEN %(retry_in)s::float8 IS NULL THEN now() END,
-      -- A retry waits retry_in; an interrupted job (retry_in 0) keeps its place in the queue.
-      run_at = CASE WHEN coalesce(%(retry_in)s::float8, 0) = 0 THEN run_at
-                    ELSE now() + make_interval(secs => %(retry_in)s::float8) END,
-      last_error = coalesce(%(last_error)s, last_error),
-      -- Goes with last_error: a new error replaces it (with NULL when it has none).
-      last_traceback = CASE WHEN %(last_error)s::text IS NULL THEN last_traceback ELSE %(last_traceback)s END,
-      -- An attempt that did not count (a snooze) gives its allowance back.
-      max_attempts = max_attempts + %(uncounted)s,
-      lease_until = NULL, slot = NULL
-  WHERE id = %(id)s AND worker_id = %(worker_id)s AND attempts = %(attempts)s
-    AND status IN ('started', %(status)s)
-  RETURNING queue
-),
-throttled AS (
-  INSERT INTO job_queues (queue, next_claim_at)
-  SELECT queue, now() + make_interval(secs => %(delay)s::float8) FROM done
-  WHERE %(delay)s::float8 > 0
-  ON CONFLICT (queue) DO UPDATE SET next_claim_at = excluded.next_claim_at
-)
--- The count is also noted for the rest of the transaction, where a claim sent with it reads it back.
-SELECT set_config('jobs.finalized', count(*)::text, true)::int FROM done
+-- Write one claimed job's outcome: jobs_finalize (migration 014) for one row; 1 when it was written, 0 when the row is no longer this claim's.
+SELECT count(*)::int
+FROM jobs_finalize(ARRAY[%(id)s::bigint], ARRAY[%(worker_id)s::text], ARRAY[%(attempts)s::int],
+                   ARRAY[%(status)s::text], ARRAY[%(retry_in)s::float8], ARRAY[%(last_error)s::text],
+                   ARRAY[%(last_traceback)s::text], ARRAY[%(delay)s::float8], ARRAY[%(uncounted)s::int])
+
+-- name: job_step
+-- One group commit (lib/commit.py): outcomes of any queues, then claims grouped by queue, in one round trip and one transaction. jobs_step (migration 014).
+SELECT queue, worker_id, id, name, args, attempts, max_attempts, callsite, latency, wait, slot
+FROM jobs_step(%(o_ids)s::bigint[], %(o_workers)s::text[], %(o_attempts)s::int[], %(o_statuses)s::text[],
+               %(o_retry_ins)s::float8[], %(o_last_errors)s::text[], %(o_tracebacks)s::text[],
+               %(o_delays)s::float8[], %(o_uncounted)s::int[],
+               %(c_queues)s::text[], %(c_slots)s::int[], %(c_workers)s::text[], %(c_leases)s::float8[],
+               %(c_max_attempts)s::int[], %(c_ids)s::bigint[])
 
 -- name: job_claimed_by
 -- The job a slot of this worker holds started, in job_claim's columns: what a claim whose reply was lost committed. Rows the worker already knows (runs, finalizes, gave up on) are passed over.
 SELECT id, name, args::text, attempts, max_attempts, callsite,
-       greatest(extract(EPOCH FROM started_at - run_at), 0)::float8, NULL::float8, NULL::int
+       greatest(extract(EPOCH FROM started_at - run_at), 0)::float8, NULL::float8, slot
 FROM jobs
 WHERE queue = %(queue)s AND slot = %(slot)s AND status = 'started' AND worker_id = %(worker_id)s
   AND NOT (id = ANY(%(known)s::bigint[]))

@@ -78,6 +78,7 @@ class Proc:
     log: Path
     killed_at: float | None = None  # wall clock just after SIGKILL
     termed_at: float | None = None  # wall clock just before SIGTERM
+    dies: bool = False  # set to SIGKILL itself in a group commit (CHAOS_DIE_IN_BATCH)
 
     @property
     def pid(self) -> int:
@@ -106,16 +107,16 @@ class Workers:
         self.log_dir = log_dir
         self.procs: list[Proc] = []
 
-    def start(self) -> Proc:
+    def start(self, **env: str) -> Proc:
         log = self.log_dir / f"worker-{len(self.procs)}.log"
         with log.open("wb") as out:
             popen = subprocess.Popen(
                 [sys.executable, str(APP), "--shutdown-window", str(SHUTDOWN_WINDOW)],
-                env=self.env,
+                env={**self.env, **env},
                 stdout=out,
                 stderr=subprocess.STDOUT,
             )
-        proc = Proc(popen, log)
+        proc = Proc(popen, log, dies="CHAOS_DIE_IN_BATCH" in env)
         self.procs.append(proc)
         return proc
 
@@ -133,6 +134,14 @@ class Workers:
     def terminate(self, proc: Proc) -> None:
         proc.termed_at = time.time()
         proc.popen.send_signal(signal.SIGTERM)
+
+    def died_in_batch(self) -> list[Proc]:
+        """Processes that killed themselves in a group commit, as they were
+        set to, just now: noted as killed then."""
+        died = [p for p in self.procs if p.dies and p.killed_at is None and p.popen.poll() == -signal.SIGKILL]
+        for proc in died:
+            proc.killed_at = time.time()
+        return died
 
     def unexpected_exits(self) -> list[Proc]:
         """Processes that ended although nobody signalled them."""
@@ -427,6 +436,7 @@ class Chaos:
     terminated: int = 0
     terminations: int = 0
     restarted: bool = False
+    died_in_batch: int = 0  # workers that killed themselves in a group commit
     replacements: list[float] = field(default_factory=list)  # when to start one
 
 
@@ -444,6 +454,9 @@ def step(chaos: Chaos, elapsed: float, db: DB, server: ChaosServer, workers: Wor
     """Do whatever is due at this moment of the run."""
     if chaos.batches < BATCHES and elapsed >= chaos.batches * BATCH_EVERY:
         insert_batch(db, chaos)
+    for _ in workers.died_in_batch():
+        chaos.died_in_batch += 1
+        chaos.replacements.append(elapsed + chaos.rng.uniform(0.0, 1.5))
     for due in [t for t in chaos.replacements if t <= elapsed]:
         chaos.replacements.remove(due)
         workers.start()
@@ -471,6 +484,7 @@ def finished(chaos: Chaos, db: DB, workers: Workers) -> bool:
         and chaos.kills == len(chaos.plan.kills)
         and chaos.restarted
         and chaos.terminations == len(chaos.plan.terminations)
+        and chaos.died_in_batch == 1
         and not chaos.replacements
     )
     # A worker still starting up would die of SIGTERM before it handles it.
@@ -480,7 +494,10 @@ def finished(chaos: Chaos, db: DB, workers: Workers) -> bool:
 def drive(chaos: Chaos, db: DB, server: ChaosServer, workers: Workers) -> None:
     """Run the plan until every blow has fallen and the jobs have settled."""
     began = time.monotonic()
-    for _ in range(WORKERS):
+    # One of them crashes in a group commit: after the server has answered an
+    # outcome and claims, before its pollers hear of it.
+    workers.start(CHAOS_DIE_IN_BATCH=str(chaos.rng.randint(20, 200)))
+    for _ in range(WORKERS - 1):
         workers.start()
     while not finished(chaos, db, workers):
         elapsed = time.monotonic() - began
@@ -524,7 +541,7 @@ def summary(db: DB, report: Report, chaos: Chaos, restarts: int, workers: int, s
     errors = count(db, "status LIKE 'err:%'")
     return (
         f"chaos seed={chaos.plan.seed} jobs={len(report.jobs)} workers={workers} kills={chaos.kills} "
-        f"restarts={restarts} terminated_connections={chaos.terminated} rescues={rescues} "
+        f"died_in_group_commit={chaos.died_in_batch} restarts={restarts} terminated_connections={chaos.terminated} rescues={rescues} "
         f"retried_jobs={count(db, 'attempts > 1')} retries={retries} pending_retry={pending} errors={errors} "
         f"runs={len(report.runs)} max_overlap={report.max_overlap} seconds={seconds:.1f}"
     )

@@ -9,7 +9,7 @@ import gevent
 import psycopg2
 import pytest
 from gevent.event import Event
-from tests_support import Gate, count_jobs, wait_for, waiting_on
+from tests_support import Gate, count_jobs, poll_until, wait_for, waiting_on
 
 from lib import status as st
 from lib.args import ArgsError, unmarshal_args
@@ -17,25 +17,10 @@ from lib.db import DB
 from lib.insert import insert
 from lib.leases import Leases
 from lib.poller import Poller
-from lib.sql import Q
 
 # The advisory lock a test's trigger waits on. Advisory locks belong to one
 # database, and each run of the suite has its own.
 GATE = 7_100_001
-
-
-def _poll_until(poller: Poller, done, timeout: float = 20) -> None:
-    """Run poller.poll in a greenlet until done() holds."""
-    stop = Event()
-    g = gevent.spawn(poller.poll, stop)
-    try:
-        with gevent.Timeout(timeout):
-            while not done():
-                gevent.sleep(0.02)
-    finally:
-        stop.set()
-        poller.wake()
-        g.get(timeout=10)
 
 
 def test_fifo_within_a_queue(db):
@@ -44,7 +29,7 @@ def test_fifo_within_a_queue(db):
     for n in range(30):
         insert(db, "q", "q.N", {"n": n})
     insert(db, "other", "other.N", {"n": -1})  # another queue's row is not this poller's
-    _poll_until(poller, lambda: len(order) == 30)
+    poll_until([poller], lambda: len(order) == 30)
     assert order == list(range(30))
     assert count_jobs(db, "queue = 'other' AND status = 'pending'") == 1
 
@@ -116,7 +101,7 @@ def test_concurrency_two_runs_two_at_once(db):
     poller = Poller("q", db, {"q.N": handler}, concurrency=2, poll_interval=0.05)
     for _ in range(10):
         insert(db, "q", "q.N")
-    _poll_until(poller, lambda: count_jobs(db, "status = 'ok'") == 10)
+    poll_until([poller], lambda: count_jobs(db, "status = 'ok'") == 10)
     assert max(peak) == 2
 
 
@@ -414,7 +399,7 @@ def test_outcome_and_next_claim_go_in_one_round_trip(database_url, db):
     poller = Poller("q", pool, {"q.N": lambda job: order.append(job.id) or "ok"}, poll_interval=60)
     try:
         # Done when the last outcome is committed; the poller then idles with nothing sent.
-        _poll_until(poller, lambda: count_jobs(db, "status = 'ok'") == n)
+        poll_until([poller], lambda: count_jobs(db, "status = 'ok'") == n)
         with pool.connection() as conn:
             # Still the noting connection: none was replaced by one sending unnoted.
             still_noting = conn.cursor_factory is noting
@@ -461,8 +446,8 @@ def test_a_claimed_job_that_never_ran_is_given_back(db):
 def test_racing_claimers_keep_fifo(db, database_url):
     """Worker a locks the queue's head and is held before its claim lands (a
     trigger waits on a gate the test owns, standing in for the scheduler);
-    worker b, claiming meanwhile, must wait for the head rather than take the
-    next row and run it first."""
+    worker b, another process claiming meanwhile, must not take the next row
+    and run it first: it finds the queue's turn taken and claims nothing."""
     db.exec(
         "CREATE OR REPLACE FUNCTION slow_a() RETURNS trigger LANGUAGE plpgsql AS $$ "
         f"BEGIN IF NEW.worker_id = 'a' THEN PERFORM pg_advisory_xact_lock_shared({GATE}); END IF; RETURN NEW; END $$"
@@ -470,22 +455,22 @@ def test_racing_claimers_keep_fifo(db, database_url):
     db.exec("CREATE TRIGGER slow_a BEFORE UPDATE ON jobs FOR EACH ROW EXECUTE FUNCTION slow_a()")
     try:
         head, second = insert(db, "q", "q.N"), insert(db, "q", "q.N")
+        other = DB(database_url, size=2)
         a = Poller("q", db, {"q.N": lambda job: "ok"})
-        b = Poller("q", db, {"q.N": lambda job: "ok"})
+        b = Poller("q", other, {"q.N": lambda job: "ok"})
         a.worker_id, b.worker_id = "a", "b"
         with Gate(database_url, GATE) as gate, gevent.Timeout(20):
             claiming_a = gevent.spawn(a.claim)
             # a waits at the gate inside its update: it holds the head's row lock now.
             wait_for(lambda: waiting_on(db, "advisory"))
-            claiming_b = gevent.spawn(b.claim)
-            # b must queue behind a's lock on the head; a b that took another row is done already.
-            wait_for(lambda: claiming_b.ready() or waiting_on(db, "transactionid") or waiting_on(db, "tuple"))
+            # b neither waits behind a nor takes the row after a's.
+            assert b._claim(None, 0) == (None, 0.05)
             gate.open()
-            assert claiming_b.get() is None  # b waited for the head, then found the slot taken
             assert claiming_a.get().id == head
         assert dict(db.query("SELECT id, status FROM jobs")) == {head: "started", second: "pending"}
     finally:
         db.exec("DROP TRIGGER slow_a ON jobs")
+        other.close()
 
 
 def test_a_job_longer_than_its_lease_is_never_rescued_while_it_runs(db):
@@ -515,39 +500,38 @@ def test_a_job_longer_than_its_lease_is_never_rescued_while_it_runs(db):
     assert elsewhere.rescue(legacy_age=0) == []
 
 
-class CountingDB(DB):
-    """The real pool, counting the named claim and finalize statements it runs."""
+def record_batches(poller: Poller) -> list[str]:
+    """What each of the poller's group commits carried, as it goes to the server."""
+    sent: list[str] = []
+    round_trip = poller.commit._round_trip
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.sent: list[str] = []
+    def recording(asks):
+        outcomes = ["finalize"] * sum(a.outcome is not None for a in asks)
+        sent.append("+".join(outcomes + ["claim"] * sum(a.claim is not None for a in asks)))
+        return round_trip(asks)
 
-    def query_row(self, sql, params=None):
-        self.sent += [name for name, text in (("claim", Q.job_claim), ("finalize", Q.job_finalize)) if sql == text]
-        return super().query_row(sql, params)
-
-    def query_row_last(self, statements):
-        self.sent.append("finalize+claim")
-        return super().query_row_last(statements)
+    poller.commit._round_trip = recording
+    return sent
 
 
 def test_a_lone_job_costs_two_round_trips(database_url, db):
     """Woken for one job: one claim, then its outcome written with a look for
     the next one, which finds none; the poller then sleeps without claiming again."""
-    pool = CountingDB(database_url, size=2)
+    pool = DB(database_url, size=2)
     poller = Poller("lone", pool, {"lone.N": lambda job: "ok"}, poll_interval=60)
+    sent = record_batches(poller)
     stop = Event()
     g = gevent.spawn(poller.poll, stop)
     try:
         gevent.sleep(0.2)
-        assert pool.sent == ["claim"]  # found nothing at start
+        assert sent == ["claim"]  # found nothing at start
         insert(db, "lone", "lone.N")
         poller.wake()
         with gevent.Timeout(10):
             while count_jobs(db, "status = 'ok'") < 1:
                 gevent.sleep(0.02)
         gevent.sleep(0.3)
-        assert pool.sent == ["claim", "claim", "finalize+claim"]
+        assert sent == ["claim", "claim", "finalize+claim"]
     finally:
         stop.set()
         poller.wake()

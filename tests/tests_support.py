@@ -8,6 +8,7 @@ from pathlib import Path
 
 import gevent
 import psycopg2
+from gevent.event import Event
 
 from lib.db import DB
 
@@ -102,3 +103,18 @@ def read_until(proc, text: str, timeout: float = 30.0) -> str:
             if text in line:
                 return "".join(lines)
     raise AssertionError(f"the process ended before printing {text!r}: {''.join(lines)}")
+
+
+def poll_until(pollers, done, timeout: float = 30) -> None:
+    """Run the pollers' poll in greenlets until done() holds, then stop them."""
+    stop = Event()
+    greenlets = [gevent.spawn(p.poll, stop) for p in pollers]
+    try:
+        with gevent.Timeout(timeout):
+            while not done():
+                gevent.sleep(0.02)
+    finally:
+        stop.set()
+        for p in pollers:
+            p.wake()
+        gevent.joinall(greenlets, timeout=10, raise_error=True)

@@ -8,6 +8,9 @@ Settings (environment):
   CHAOS_QUEUES     comma-separated queues (default c0,c1,c2,c3), concurrency 1
   CHAOS_SLEEP_MS   "lo,hi": each run sleeps a random time in between (default 0,20)
   CHAOS_FAIL_RATE  chance that a run raises after it ended (default 0.01)
+  CHAOS_DIE_IN_BATCH  N: the process SIGKILLs itself in its Nth group commit
+                   that writes an outcome and claims, once the server has
+                   answered and before any poller hears the answer
 """
 
 from gevent import monkey
@@ -17,6 +20,7 @@ monkey.patch_all()
 import logging  # noqa: E402
 import os  # noqa: E402
 import random  # noqa: E402
+import signal  # noqa: E402
 import sys  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from datetime import UTC, datetime  # noqa: E402
@@ -28,6 +32,7 @@ import gevent  # noqa: E402
 
 import worker  # noqa: E402
 from lib import status  # noqa: E402
+from lib.commit import Committer  # noqa: E402
 from lib.db import DB  # noqa: E402
 from lib.poller import PendingJob, Poller  # noqa: E402
 
@@ -118,7 +123,27 @@ def make_queue(queue: str) -> Callable[[DB], Poller]:
     return make
 
 
+def die_in_batch(n: int) -> None:
+    """A crash between a group commit's send and its reply reaching the pollers."""
+    round_trip = Committer._round_trip
+    seen = 0
+
+    def crashing(self: Committer, asks: list) -> list:
+        nonlocal seen
+        rows = round_trip(self, asks)
+        if any(a.outcome is not None for a in asks) and any(a.claim is not None for a in asks):
+            seen += 1
+            if seen == n:
+                log.warning("dying in group commit %d (%d asks)", seen, len(asks))
+                os.kill(PID, signal.SIGKILL)
+        return rows
+
+    Committer._round_trip = crashing  # type: ignore[method-assign]
+
+
 def main() -> int:
+    if os.environ.get("CHAOS_DIE_IN_BATCH"):
+        die_in_batch(int(os.environ["CHAOS_DIE_IN_BATCH"]))
     code = worker.main([make_queue(q) for q in QUEUES])
     # A clean exit leaves no end record behind.
     if _late_db is not None:

@@ -1,0 +1,150 @@
+"""Group commit: the outcome writes and claims of every poller of a process go
+to the server together, one round trip and one transaction for all that is
+ready at about the same moment.
+
+A lone ask on an idle worker goes at once: there is no window to wait for
+company. While one batch is on its way, the asks that arrive meanwhile wait for
+it and then go together, so under load a batch grows by itself, and an idle
+moment sends batches of one. One batch is in flight at a time, on a connection
+of its own (DB.reserved), so handlers' own queries can never take the
+connection an outcome needs.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+import gevent
+from gevent.event import AsyncResult
+
+from lib.db import DB, NoReply, Row, is_server_error
+from lib.sql import Q
+
+# Seconds a batch may take before it counts as unanswered (the server or the
+# way to it hangs); its outcome is then settled like a lost connection's.
+TIMEOUT = 30.0
+
+
+@dataclass(frozen=True)
+class Reply:
+    written: bool  # whether the outcome sent was written (False also when none was sent)
+    row: Row | None  # the claim's answer in job_claim's columns; None when no claim was sent
+
+
+@dataclass
+class _Ask:
+    outcome: dict[str, Any] | None  # job_finalize's parameters
+    claim: dict[str, Any] | None  # job_claim's parameters
+    reply: AsyncResult = field(default_factory=AsyncResult)
+
+
+class Committer:
+    def __init__(self, db: DB, timeout: float = TIMEOUT) -> None:
+        self.db = db
+        self.timeout = timeout
+        self._asks: list[_Ask] = []
+        self._sender: gevent.Greenlet | None = None
+        self.batches = 0  # round trips sent, for the benchmarks and /metrics
+        self.asks = 0
+
+    def send(self, outcome: dict[str, Any] | None, claim: dict[str, Any] | None) -> Reply:
+        """Write an outcome (job_finalize's parameters) and/or claim (job_claim's),
+        in the next batch; raises what the batch raised."""
+        ask = _Ask(outcome, claim)
+        self._asks.append(ask)
+        if self._sender is None or self._sender.dead:
+            # Started on the hub's next turn: asks made in this one join it.
+            self._sender = gevent.spawn(self._drain)
+        return ask.reply.get()
+
+    def _drain(self) -> None:
+        # No switch between the last look at _asks and this greenlet's end, so
+        # an ask is never left with no sender.
+        while self._asks:
+            asks, self._asks = self._asks, []
+            self._commit(asks)
+
+    def _commit(self, asks: list[_Ask]) -> None:
+        try:
+            rows = self._round_trip(asks)
+        except Exception as exc:
+            if len(asks) > 1 and is_server_error(exc):
+                # The server refused the batch for one ask's sake (a value it
+                # cannot store, a row it cannot claim): nothing committed, and
+                # each goes again alone, so only that one fails.
+                for ask in asks:
+                    self._commit([ask])
+                return
+            for ask in asks:
+                ask.reply.set_exception(exc)
+            return
+        except BaseException as exc:
+            # Killed in the middle (the process is ending): no ask waits for ever.
+            stopped = NoReply(f"the batch was cut off: {type(exc).__name__}")
+            stopped.backend_pid = getattr(exc, "backend_pid", None)  # type: ignore[attr-defined]
+            for ask in asks:
+                ask.reply.set_exception(stopped)
+            raise
+        for ask in asks:
+            ask.reply.set(_reply(ask, rows))
+
+    def _round_trip(self, asks: list[_Ask]) -> list[Row]:
+        self.batches += 1
+        self.asks += len(asks)
+        outcomes = [a.outcome for a in asks if a.outcome is not None]
+        claims = [a.claim for a in asks if a.claim is not None]
+        params = {
+            "o_ids": [o["id"] for o in outcomes],
+            "o_workers": [o["worker_id"] for o in outcomes],
+            "o_attempts": [o["attempts"] for o in outcomes],
+            "o_statuses": [o["status"] for o in outcomes],
+            "o_retry_ins": [o["retry_in"] for o in outcomes],
+            "o_last_errors": [o["last_error"] for o in outcomes],
+            "o_tracebacks": [o["last_traceback"] for o in outcomes],
+            "o_delays": [o["delay"] for o in outcomes],
+            "o_uncounted": [o["uncounted"] for o in outcomes],
+            "c_queues": [c["queue"] for c in claims],
+            "c_slots": [c["slot"] for c in claims],
+            "c_workers": [c["worker_id"] for c in claims],
+            "c_leases": [c["lease"] for c in claims],
+            "c_max_attempts": [c["max_attempts"] for c in claims],
+            "c_ids": [c["id"] for c in claims],
+        }
+        try:
+            with gevent.Timeout(self.timeout):
+                return self.db.reserved.query(Q.job_step, params)
+        except gevent.Timeout as exc:
+            # The connection was discarded with the server process noted on
+            # the exception (lib.db): settling needs it.
+            lost = NoReply(f"no answer within {self.timeout:g}s")
+            lost.backend_pid = getattr(exc, "backend_pid", None)  # type: ignore[attr-defined]
+            raise lost from None
+
+
+def _reply(ask: _Ask, rows: list[Row]) -> Reply:
+    written = ask.outcome is not None and any(r[0] is None and r[2] == ask.outcome["id"] for r in rows)
+    if ask.claim is None:
+        return Reply(written, None)
+    queue, worker, slot = ask.claim["queue"], ask.claim["worker_id"], ask.claim["slot"]
+    answer: Row | None = None
+    for row in rows:
+        if row[0] != queue or row[1] != worker:
+            continue
+        if row[-1] == slot:
+            return Reply(written, row[2:])
+        if row[2] is None:
+            answer = row[2:]  # nothing claimed for the group: its wait
+    return Reply(written, answer)
+
+
+_committers: weakref.WeakKeyDictionary[DB, Committer] = weakref.WeakKeyDictionary()
+
+
+def committer(db: DB) -> Committer:
+    """The one committer of a pool: every poller over it shares its batches."""
+    found = _committers.get(db)
+    if found is None:
+        found = _committers[db] = Committer(db)
+    return found

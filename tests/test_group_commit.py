@@ -1,0 +1,210 @@
+"""Group commit, batched claims, the throttle across processes, and a pool as
+small as the work. A process is stood for by a pool of its own: each pool has
+its own committer, as each worker process has."""
+
+import itertools
+import time
+from collections import Counter
+
+import gevent
+import psycopg2
+import pytest
+from gevent.event import Event
+from tests_support import count_jobs, poll_until, wait_for
+
+import worker
+from lib.db import DB
+from lib.insert import insert
+from lib.poller import Outcome, Poller
+from lib.sql import Q
+
+
+@pytest.fixture
+def other(database_url):
+    """A second process's pool."""
+    pool = DB(database_url, size=4, application_name="jobs-other")
+    yield pool
+    pool.close()
+
+
+def test_a_throttling_outcome_in_flight_holds_back_another_process_claim(db, other, database_url):
+    """The two-connection interleaving: A's outcome (throttle 0.5 s) is written
+    but not committed; B claims meanwhile, A commits, B claims again. B never
+    starts the next job before A's outcome plus the throttle."""
+    a = Poller("t", db, {"t.N": lambda job: "ok"})
+    b = Poller("t", other, {"t.N": lambda job: "ok"})
+    a.worker_id, b.worker_id = "a", "b"
+    first, second = insert(db, "t", "t.N"), insert(db, "t", "t.N")
+    job = a.claim()
+    assert job.id == first
+    conn = psycopg2.connect(database_url)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(Q.job_finalize, a._outcome_params(job, Outcome("ok"), 0.5))
+            assert cur.fetchone() == (1,)
+            # A's outcome is in flight: B's claim neither waits for it nor passes the gate.
+            assert b._claim(None, 0) == (None, 0.05)
+        conn.commit()
+    finally:
+        conn.close()
+    looked, wait = b._claim(None, 0)
+    assert looked is None and 0.3 < wait <= 0.5
+    wait_for(lambda: b.claim() is not None)
+    gap = db.query_row(
+        "SELECT extract(EPOCH FROM s.started_at - f.finished_at) FROM jobs f, jobs s WHERE f.id = %s AND s.id = %s",
+        (first, second),
+    )[0]
+    assert gap >= 0.5
+
+
+def test_the_throttle_holds_across_three_processes(db, database_url):
+    pools = [DB(database_url, size=3, application_name=f"jobs-p{n}") for n in range(3)]
+    try:
+        pollers = [Poller("t3", pool, {"t3.N": lambda job: "ok"}, throttle=lambda *_: 0.2) for pool in pools]
+        for n, poller in enumerate(pollers):
+            poller.worker_id = f"p{n}"
+        for _ in range(8):
+            insert(db, "t3", "t3.N")
+        poll_until(pollers, lambda: count_jobs(db, "status = 'ok'") == 8)
+    finally:
+        for pool in pools:
+            pool.close()
+    rows = db.query("SELECT started_at, finished_at, worker_id FROM jobs ORDER BY started_at")
+    gaps = [(later[0] - earlier[1]).total_seconds() for earlier, later in itertools.pairwise(rows)]
+    assert min(gaps) >= 0.2, gaps
+    assert len({r[2] for r in rows}) > 1  # the processes took turns, not one alone
+
+
+def test_forty_queues_share_their_round_trips(db):
+    pollers = [Poller(f"g{n:02}", db, {"g.N": lambda job: "ok"}) for n in range(40)]
+    for n in range(40):
+        for _ in range(10):
+            insert(db, f"g{n:02}", "g.N")
+    commit = pollers[0].commit
+    assert all(p.commit is commit for p in pollers)  # one committer per pool: per process
+    before_batches, before_asks = commit.batches, commit.asks
+    poll_until(pollers, lambda: count_jobs(db, "status = 'ok'") == 400)
+    batches, asks = commit.batches - before_batches, commit.asks - before_asks
+    assert asks >= 400  # each job's outcome, and the claims
+    # Each batch carried many queues' outcomes and claims: well under one
+    # transaction a job (sent alone, each job would cost one or two).
+    assert batches < 400 / 4, (batches, asks)
+
+
+def test_a_queue_with_free_slots_claims_them_in_one_statement(db):
+    started = []
+    poller = Poller("c4", db, {"c4.N": lambda job: started.append(job.id) or gevent.sleep(0.2) or "ok"}, concurrency=4)
+    ids = [insert(db, "c4", "c4.N") for _ in range(4)]
+    poll_until([poller], lambda: count_jobs(db, "status = 'ok'") == 4)
+    assert sorted(started) == ids
+    # One transaction's now(): the four were claimed together.
+    assert db.query_row("SELECT count(DISTINCT started_at) FROM jobs")[0] == 1
+    assert db.query_row("SELECT count(DISTINCT slot) FROM jobs") == (0,)  # slots freed at the outcome
+
+
+def test_the_database_holds_a_queue_to_its_concurrency_across_processes(db, other):
+    live, peak = Counter(), Counter()
+
+    def handler(job):
+        live["n"] += 1
+        peak["n"] = max(peak["n"], live["n"])
+        gevent.sleep(0.05)
+        live["n"] -= 1
+        return "ok"
+
+    a = Poller("c2", db, {"c2.N": handler}, concurrency=2)
+    b = Poller("c2", other, {"c2.N": handler}, concurrency=2)
+    a.worker_id, b.worker_id = "a", "b"
+    for _ in range(30):
+        insert(db, "c2", "c2.N")
+
+    def done() -> bool:
+        b.wake()  # as another enqueue's notification would: b keeps asking for the queue's slots
+        return count_jobs(db, "status = 'ok'") == 30
+
+    poll_until([a, b], done)
+    assert peak["n"] == 2
+    assert b.commit.asks > 10
+
+
+def test_a_held_head_row_is_never_passed_over(db, database_url):
+    poller = Poller("f", db, {"f.N": lambda job: "ok"})
+    head, second = insert(db, "f", "f.N"), insert(db, "f", "f.N")
+    conn = psycopg2.connect(database_url)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT 1 FROM jobs WHERE id = %s FOR UPDATE", (head,))
+            assert poller._claim(None, 0) == (None, 0.05)  # look again shortly; job 2 stays
+            assert db.query_row("SELECT status FROM jobs WHERE id = %s", (second,)) == ("pending",)
+        conn.rollback()  # answered once the lock is gone, which a close is not
+    finally:
+        conn.close()
+    assert poller.claim().id == head
+
+
+def test_idle_connections_close(database_url):
+    pool = DB(database_url, size=5, idle_timeout=0.3, application_name="jobs-idle-pool")
+    try:
+        gevent.joinall([gevent.spawn(pool.query_row, "SELECT pg_sleep(0.1)") for _ in range(5)], raise_error=True)
+        assert pool.open_idle == 5
+        time.sleep(0.4)
+        pool.query_row("SELECT 1")
+        assert pool.open_idle == 1
+        assert pool.query_row("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'jobs-idle-pool'") == (1,)
+    finally:
+        pool.close()
+
+
+def test_handlers_holding_every_connection_do_not_hold_up_outcomes(db, database_url):
+    pool = DB(database_url, size=1, checkout_timeout=5)
+    release = Event()
+
+    def holding(job):
+        with pool.connection():
+            release.wait()
+        return "ok"
+
+    hold = Poller("hold", pool, {"hold.N": holding})
+    quick = Poller("quick", pool, {"quick.N": lambda job: "ok"})
+    insert(db, "hold", "hold.N")
+    stop = Event()
+    greenlets = [gevent.spawn(hold.poll, stop)]
+    try:
+        wait_for(lambda: pool.in_use == 1 and count_jobs(db, "status = 'started'") == 1)
+        for _ in range(3):
+            insert(db, "quick", "quick.N")
+        greenlets.append(gevent.spawn(quick.poll, stop))
+        # Every job of the other queue claimed and finished while the handler
+        # holds the pool's only connection.
+        wait_for(lambda: count_jobs(db, "queue = 'quick' AND status = 'ok'") == 3)
+        assert pool.in_use >= 1 and not release.is_set()
+    finally:
+        release.set()
+        stop.set()
+        hold.wake()
+        quick.wake()
+        gevent.joinall(greenlets, timeout=10, raise_error=True)
+        pool.close()
+    assert count_jobs(db, "status = 'ok'") == 4
+
+
+def test_an_idle_forty_queue_worker_holds_at_most_three_connections(db, database_url):
+    pool = DB(database_url, size=44, idle_timeout=0.5, application_name="jobs-worker-test")
+    registry = [lambda d, n=n: Poller(f"i{n:02}", d, {"i.N": lambda job: "ok"}) for n in range(40)]
+    for n in range(40):
+        insert(db, f"i{n:02}", "i.N")
+    stop = Event()
+    runner = gevent.spawn(worker.run, pool, registry, stop=stop, shutdown_window=5)
+    held = (
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name <> 'jobs-test'"
+    )
+    try:
+        wait_for(lambda: count_jobs(db, "status = 'ok'") == 40)
+        # Busy a moment ago; idle now.
+        wait_for(lambda: db.query_row(held)[0] <= 3, timeout=10)
+        gevent.sleep(1.5)
+        assert db.query_row(held)[0] <= 3
+    finally:
+        stop.set()
+        assert runner.get(timeout=20) == 0
+        pool.close()
