@@ -2,6 +2,10 @@
 -- carry the outcomes and next claims of many queues (lib/commit.py), and so
 -- that a claim reads its queue's state after it has taken the queue's turn,
 -- not from a snapshot taken before another process's outcome committed.
+--
+-- Each function runs its statements on generic plans (plan_cache_mode): left
+-- to choose, Postgres kept planning them afresh on every call, which cost
+-- more than running them (0.59 ms against 0.34 ms a claim and an outcome).
 
 -- Claim up to one job per free slot of p_slots, in the queue's order.
 --
@@ -21,7 +25,7 @@ CREATE OR REPLACE FUNCTION jobs_claim(
   p_queue text, p_slots int[], p_worker text, p_lease float8, p_max_attempts int, p_id bigint
 ) RETURNS TABLE (id bigint, name text, args text, attempts int, max_attempts int, callsite text,
                  latency float8, wait float8, slot int)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
   gate timestamptz;
@@ -109,7 +113,7 @@ CREATE OR REPLACE FUNCTION jobs_finalize(
   o_ids bigint[], o_workers text[], o_attempts int[], o_statuses text[], o_retry_ins float8[],
   o_last_errors text[], o_tracebacks text[], o_delays float8[], o_uncounted int[]
 ) RETURNS TABLE (id bigint)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
   throttled text;
@@ -168,7 +172,7 @@ CREATE OR REPLACE FUNCTION jobs_step(
   c_queues text[], c_slots int[], c_workers text[], c_leases float8[], c_max_attempts int[], c_ids bigint[]
 ) RETURNS TABLE (queue text, worker_id text, id bigint, name text, args text, attempts int, max_attempts int,
                  callsite text, latency float8, wait float8, slot int)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
   g record;
