@@ -7,10 +7,16 @@ sys.path (and monkey-patched, if it uses gevent: this module never imports it).
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import logging
 import os
 import platform
+import re
+import shutil
 import subprocess
+import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -30,6 +36,8 @@ from lib.migrate import migrate
 ROOT = Path(__file__).resolve().parent.parent
 DATA_DIR = ROOT / ".pgdata" / "bench"
 RESULTS_DIR = ROOT / "bench" / "results"
+
+log = logging.getLogger("bench")
 
 
 # ---------------------------------------------------------------- the server
@@ -109,17 +117,19 @@ class Scratch:
 
 
 @contextmanager
-def scratch_database(server: Server) -> Iterator[Scratch]:
-    """A migrated database of its own on the server, dropped at the end however
-    the benchmark ends. The admin connection stays on the server's default
-    database, so what it runs is never counted against the scratch one."""
+def scratch_database(server: Server, migrated: bool = True) -> Iterator[Scratch]:
+    """A database of its own on the server, migrated unless told otherwise (a
+    peer's schema, say), dropped at the end however the benchmark ends. The
+    admin connection stays on the server's default database, so what it runs
+    is never counted against the scratch one."""
     admin = admin_connect(server.url)
     try:
         describe(admin, server)
         name = create_database(admin)
         try:
             url = with_database(server.url, name)
-            migrate_database(url)
+            if migrated:
+                migrate_database(url)
             yield Scratch(server, admin, name, url)
         finally:
             drop_database(admin, name)
@@ -129,6 +139,128 @@ def scratch_database(server: Server) -> Iterator[Scratch]:
 
 def server_record(server: Server) -> dict[str, Any]:
     return {"source": server.source, "url": redact(server.url), "version": server.version, **server.settings}
+
+
+class ServerMeter:
+    """Transactions committed in the bench database and CPU time of the pool's
+    backends, read from the admin connection (on another database, so its own
+    statements do not count)."""
+
+    def __init__(self, admin: psycopg2.extensions.connection, dbname: str) -> None:
+        self.admin = admin
+        self.dbname = dbname
+        self.ticks = os.sysconf("SC_CLK_TCK")
+
+    def _one(self, sql: str) -> Any:
+        with self.admin.cursor() as cur:
+            cur.execute(sql, {"db": self.dbname})
+            return cur.fetchone()[0]
+
+    def backends(self) -> list[int]:
+        with self.admin.cursor() as cur:
+            cur.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = %(db)s AND backend_type = 'client backend'",
+                {"db": self.dbname},
+            )
+            return [row[0] for row in cur.fetchall()]
+
+    def xacts(self) -> int:
+        """Committed and rolled back transactions of the database. A backend
+        reports its last counts as it exits, a moment after it has left
+        pg_stat_activity: wait for no backend, then for the count to settle."""
+        deadline = time.monotonic() + 10
+        while self.backends() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        sql = "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = %(db)s"
+        count, previous = int(self._one(sql)), -1
+        while count != previous and time.monotonic() < deadline:
+            time.sleep(0.2)
+            count, previous = int(self._one(sql)), count
+        return count
+
+    def cpu_seconds(self, pids: list[int]) -> float | None:
+        """utime + stime of the given postgres processes, when they are on this
+        machine and visible here (not for a remote or containerised server)."""
+        total = 0
+        for pid in pids:
+            try:
+                if Path(f"/proc/{pid}/comm").read_text().strip() != "postgres":
+                    return None
+                fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+            except OSError:
+                return None
+            total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15 of stat)
+        return total / self.ticks
+
+
+# ---------------------------------------------------------------- commit rate
+
+COMMIT_TABLE = "bench_commit"
+COMMIT_SCRIPT = f"UPDATE {COMMIT_TABLE} SET n = n + 1 WHERE id = 1;\n"
+_TPS = re.compile(r"^tps = ([\d.]+) \((?:without initial connection time|excluding connections establishing)\)", re.M)
+
+
+@dataclass
+class CommitRate:
+    tps: float
+    seconds: int
+    pgbench: str  # the binary that ran
+    version: str
+
+
+def pgbench_binary() -> str:
+    """pgserver's own pgbench first: it is there whenever the embedded server is.
+    Found without importing pgserver, whose import warns on machines without
+    XDG_RUNTIME_DIR."""
+    spec = importlib.util.find_spec("pgserver")
+    if spec is not None and spec.origin is not None:
+        bundled = Path(spec.origin).parent / "pginstall" / "bin" / "pgbench"
+        if bundled.exists():
+            return str(bundled)
+    found = shutil.which("pgbench")
+    if found is None:
+        raise SystemExit("no pgbench: neither pgserver's nor one on PATH")
+    return found
+
+
+def pgbench_connection(url: str) -> tuple[list[str], dict[str, str]]:
+    """pgbench's connection arguments and environment for url: the same host
+    (or socket folder), port, user and database our pool reaches."""
+    dsn = psycopg2.extensions.parse_dsn(url)
+    args: list[str] = []
+    for key, flag in (("host", "-h"), ("port", "-p"), ("user", "-U")):
+        if dsn.get(key):
+            args += [flag, dsn[key]]
+    env = {**os.environ}
+    # Settings pgbench has no flag for go through libpq's environment.
+    for key, var in (("password", "PGPASSWORD"), ("sslmode", "PGSSLMODE"), ("options", "PGOPTIONS")):
+        if dsn.get(key):
+            env[var] = dsn[key]
+    ignored = set(dsn) - {"host", "port", "user", "dbname", "password", "sslmode", "options"}
+    if ignored:
+        log.warning("pgbench ignores these connection settings of the URL: %s", ", ".join(sorted(ignored)))
+    return [*args, dsn.get("dbname", "postgres")], env
+
+
+def measure_commit_rate(url: str, seconds: int) -> CommitRate:
+    """tps of one client committing one small single-row UPDATE at a time,
+    as our claim and finalize each commit one statement."""
+    with admin_connect(url) as conn, conn.cursor() as cur:
+        cur.execute(f"CREATE TABLE {COMMIT_TABLE} (id int PRIMARY KEY, n bigint NOT NULL)")
+        cur.execute(f"INSERT INTO {COMMIT_TABLE} VALUES (1, 0)")
+    conn.close()
+    binary = pgbench_binary()
+    version = subprocess.run([binary, "--version"], capture_output=True, text=True, check=True).stdout.strip()
+    conn_args, env = pgbench_connection(url)
+    with tempfile.NamedTemporaryFile("w", suffix=".sql") as script:
+        script.write(COMMIT_SCRIPT)
+        script.flush()
+        command = [binary, "-c", "1", "-j", "1", "-T", str(seconds), "-n", "-f", script.name, *conn_args]
+        done = subprocess.run(command, capture_output=True, text=True, env=env)
+    match = _TPS.search(done.stdout)
+    if done.returncode != 0 or match is None:
+        raise SystemExit(f"pgbench failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
+    return CommitRate(float(match.group(1)), seconds, binary, version)
 
 
 # ---------------------------------------------------------------- the run's record

@@ -1,0 +1,743 @@
+"""This project's worker against procrastinate and PGQueuer, on the same
+workloads, in one run, on one server.
+
+Run from the project root, after `.venv/bin/pip install -r bench/requirements.txt`:
+
+    .venv/bin/python bench/compare.py [--quick] [--jobs N] [--only ours|procrastinate|pgqueuer] [--workloads 1,2,...]
+
+Each side runs as its own processes (bench/apps/compare_*.py): a worker
+process working until SIGTERM, and separate enqueue processes. Ours is the
+real worker.main with no-op queues; the peers run their own workers at their
+best settings for the workload (see bench/README.md). Every measurement gets a
+fresh database on the server (DATABASE_URL, else the embedded one); the
+server's single-client commit rate (pgbench) is measured in the same run.
+
+Workloads (no-op jobs, --jobs of them):
+  1. one queue, one job at a time;
+  2. one queue at each of --concurrencies, the best reported;
+  3. --jobs over 40 queues, one job at a time each: jobs/s, database
+     transactions per job, and the connections held at peak (workload 7);
+  4. commit-to-start latency while idle: another process enqueues one job per
+     commit, with a pause between;
+  5. enqueue: one job per transaction, and batches of 1,000;
+  6. an idle 40-queue worker: transactions a minute, connections, RSS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg2
+import psycopg2.extensions
+
+# Run as a script, sys.path[0] is bench/; lib/ lives at the project root.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import (
+    ROOT,
+    Server,
+    ServerMeter,
+    admin_connect,
+    context_lines,
+    get_server,
+    load_average,
+    machine_line,
+    measure_commit_rate,
+    percentile,
+    run_record,
+    save,
+    scratch_database,
+)
+
+APPS = ROOT / "bench" / "apps"
+PYTHON = sys.executable  # the peers are installed beside the project's requirements (bench/README.md)
+SIDES = ("ours", "procrastinate", "pgqueuer")
+PEERS = ("procrastinate", "pgqueuer")
+MANY_QUEUES = 40
+ENQUEUE_BATCH = 1000
+# Settings that would change what our worker does; the comparison runs its defaults.
+UNSET = ("JOBS_LEASE_SECONDS", "SENTRY_DSN", "JOBS_ADMIN_TOKEN")
+STOP_TIMEOUT = 60.0
+READY_TIMEOUT = 60.0
+READY_SETTLE = 2.0  # seconds after the worker's first connection before producing
+RECORDED_TIMEOUT = 15.0  # from the last handler start to its outcome in the table
+
+
+# ---------------------------------------------------------------- the sides
+
+
+def _queues(names: list[str]) -> str:
+    return ",".join(names)
+
+
+@dataclass(frozen=True)
+class Side:
+    """How the benchmark drives one library: its processes and the SQL that
+    reads its own tables. Ours by default; the peers override."""
+
+    name: str = "ours"
+    migrated: bool = True  # the scratch database gets our migrations
+    worker_app: str = "compare_ours_worker.py"
+    enqueue_app: str = "compare_ours_enqueue.py"
+    # The first handler start and the last outcome as the database records them, and the jobs done.
+    span_sql: str = (
+        "SELECT extract(epoch FROM min(started_at)), extract(epoch FROM max(finished_at)),"
+        " count(*) FILTER (WHERE status = 'ok') FROM jobs"
+    )
+    settings: str = (
+        "worker.main (a real worker process), one Poller per queue at concurrency C (1 for 40 queues),"
+        " every other option at its default (LISTEN/NOTIFY wakes, 120 s fallback poll);"
+        " JOBS_HTTP_ADDR=off, LOG_LEVEL=WARNING; enqueue: lib.insert (psycopg2)"
+    )
+
+    def install(self, url: str) -> None:
+        """Our schema comes with the scratch database (its migrations)."""
+
+    def worker_command(self, url: str, queues: list[str], concurrency: int) -> list[str]:
+        command = [PYTHON, str(APPS / self.worker_app), "--url", url, "--queues", _queues(queues)]
+        return [*command, "--concurrency", str(concurrency)]
+
+    def worker_env(self, url: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k not in UNSET}
+        # No HTTP endpoints (several workers may run on this machine), and no
+        # per-job INFO line, which would cost more than a no-op job.
+        env.update(DATABASE_URL=url, JOBS_HTTP_ADDR="off", LOG_LEVEL="WARNING")
+        return env
+
+    def enqueue_command(self, mode: str, url: str, queues: list[str], jobs: int, batch: int = 1) -> list[str]:
+        command = [PYTHON, str(APPS / self.enqueue_app), mode, "--url", url, "--queues", _queues(queues)]
+        return [*command, "--jobs", str(jobs), "--batch", str(batch)]
+
+
+@dataclass(frozen=True)
+class Procrastinate(Side):
+    name: str = "procrastinate"
+    migrated: bool = False
+    worker_app: str = "compare_procrastinate.py"
+    enqueue_app: str = "compare_procrastinate.py"
+    span_sql: str = (
+        "SELECT extract(epoch FROM min(at) FILTER (WHERE type = 'started')),"
+        " extract(epoch FROM max(at) FILTER (WHERE type = 'succeeded')),"
+        " count(*) FILTER (WHERE type = 'succeeded') FROM procrastinate_events"
+    )
+    settings: str = (
+        "async worker (PsycopgConnector, psycopg 3 pool of min 1, max jobs-at-once + 1), listen_notify=True,"
+        " fetch/abort polling intervals 120 s (fallback only); one queue: one worker at concurrency C;"
+        " 40 queues: one worker per queue at concurrency 1 in one process (no lock);"
+        " jobs kept on success (default); logging WARNING; enqueue: defer_async / batch_defer_async"
+    )
+
+    def install(self, url: str) -> None:
+        subprocess.run([PYTHON, str(APPS / self.worker_app), "install", "--url", url], check=True)
+
+    def worker_command(self, url: str, queues: list[str], concurrency: int) -> list[str]:
+        command = [PYTHON, str(APPS / self.worker_app), "work", "--url", url, "--queues", _queues(queues)]
+        per_queue = ["--per-queue"] if len(queues) > 1 else []
+        return [*command, "--concurrency", str(concurrency), *per_queue]
+
+
+@dataclass(frozen=True)
+class PGQueuer(Side):
+    name: str = "pgqueuer"
+    migrated: bool = False
+    worker_app: str = "compare_pgqueuer.py"
+    enqueue_app: str = "compare_pgqueuer.py"
+    # Finished rows leave its queue table; its log keeps each job's picked and successful moments.
+    span_sql: str = (
+        "SELECT extract(epoch FROM min(created) FILTER (WHERE status = 'picked')),"
+        " extract(epoch FROM max(created) FILTER (WHERE status = 'successful')),"
+        " count(*) FILTER (WHERE status = 'successful') FROM pgqueuer_log"
+    )
+    settings: str = (
+        "QueueManager over one asyncpg connection; a queue is an entrypoint with concurrency_limit C"
+        " (1 each for 40 queues); batch_size = jobs that may run at once (C, or 40), since its"
+        " completion log flushes every batch_size jobs or 0.1 s; dequeue_timeout 120 s (fallback only);"
+        " log aggregation off; logging WARNING; enqueue: Queries.enqueue, lists for batches"
+    )
+
+    def install(self, url: str) -> None:
+        subprocess.run([PYTHON, str(APPS / self.worker_app), "install", "--url", url], check=True)
+
+    def worker_command(self, url: str, queues: list[str], concurrency: int) -> list[str]:
+        command = [PYTHON, str(APPS / self.worker_app), "work", "--url", url, "--queues", _queues(queues)]
+        return [*command, "--concurrency", str(concurrency), "--batch-size", str(concurrency * len(queues))]
+
+
+def make_side(name: str) -> Side:
+    return {"ours": Side, "procrastinate": Procrastinate, "pgqueuer": PGQueuer}[name]()
+
+
+# ---------------------------------------------------------------- processes
+
+
+@dataclass
+class WorkerProcess:
+    proc: subprocess.Popen[bytes]
+    done_file: Path
+    starts_file: Path
+    log_file: Path
+
+    def log_tail(self) -> str:
+        return self.log_file.read_text(errors="replace")[-3000:] if self.log_file.exists() else ""
+
+    def stop(self) -> None:
+        """SIGTERM, as a deployment stops a worker; killed if it outstays STOP_TIMEOUT."""
+        if self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def starts(self) -> dict[int, float]:
+        if not self.starts_file.exists():
+            return {}
+        return {int(seq): t for seq, t in json.loads(self.starts_file.read_text())}
+
+
+@contextmanager
+def worker(
+    side: Side, url: str, queues: list[str], concurrency: int, target: int, work: Path
+) -> Iterator[WorkerProcess]:
+    """The side's worker process, stopped at the end however the block ends."""
+    done_file, starts_file, log_file = work / "done", work / "starts.json", work / f"{side.name}-worker.log"
+    for path in (done_file, starts_file):
+        path.unlink(missing_ok=True)
+    command = side.worker_command(url, queues, concurrency)
+    command += ["--target", str(target), "--done-file", str(done_file), "--starts-file", str(starts_file)]
+    with log_file.open("wb") as log:
+        proc = subprocess.Popen(command, cwd=ROOT, env=side.worker_env(url), stdout=log, stderr=subprocess.STDOUT)
+    run = WorkerProcess(proc, done_file, starts_file, log_file)
+    try:
+        yield run
+    finally:
+        run.stop()
+
+
+def enqueue(side: Side, mode: str, url: str, queues: list[str], jobs: int, batch: int = 1, **extra: float) -> Any:
+    """Run one enqueue process to the end; its JSON output."""
+    command = side.enqueue_command(mode, url, queues, jobs, batch)
+    for key, value in extra.items():
+        command += [f"--{key.replace('_', '-')}", str(value)]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{side.name} {mode} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout)
+
+
+# ---------------------------------------------------------------- reading the server
+
+
+def backends(admin: psycopg2.extensions.connection, dbname: str) -> int:
+    with admin.cursor() as cur:
+        cur.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND backend_type = 'client backend'", (dbname,)
+        )
+        return int(cur.fetchone()[0])
+
+
+class ConnectionSampler:
+    """The most connections the database held, sampled from a thread over a
+    connection of its own (to the server's default database, never counted)."""
+
+    def __init__(self, server_url: str, dbname: str, every: float) -> None:
+        self.server_url, self.dbname, self.every = server_url, dbname, every
+        self.peak = 0
+        self.last = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        conn = admin_connect(self.server_url)
+        try:
+            while not self._stop.is_set():
+                self.last = backends(conn, self.dbname)
+                self.peak = max(self.peak, self.last)
+                self._stop.wait(self.every)
+        finally:
+            conn.close()
+
+    def __enter__(self) -> ConnectionSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def query_one(url: str, sql: str) -> tuple[Any, ...]:
+    conn = psycopg2.connect(url, application_name="jobs-bench-compare")
+    try:
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            cur.execute(sql)
+            return cur.fetchone()
+    finally:
+        conn.close()
+
+
+def vacuum_analyze(url: str) -> None:
+    """Planner statistics and the visibility map as autovacuum would leave them
+    after the enqueue, for every side alike."""
+    conn = psycopg2.connect(url, application_name="jobs-bench-compare")
+    try:
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            cur.execute("VACUUM ANALYZE")
+    finally:
+        conn.close()
+
+
+def wait_ready(admin: psycopg2.extensions.connection, dbname: str, run: WorkerProcess) -> None:
+    """The worker has connected, and had READY_SETTLE seconds to LISTEN and
+    make its first (empty) claims."""
+    deadline = time.monotonic() + READY_TIMEOUT
+    while backends(admin, dbname) == 0:
+        if run.proc.poll() is not None:
+            raise RuntimeError(f"the worker exited with {run.proc.returncode}:\n{run.log_tail()}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the worker did not connect within {READY_TIMEOUT:g} s:\n{run.log_tail()}")
+        time.sleep(0.1)
+    time.sleep(READY_SETTLE)
+
+
+def wait_done(run: WorkerProcess, timeout: float) -> str | None:
+    """None once the handlers have started every job; else why the wait ended."""
+    deadline = time.monotonic() + timeout
+    while not run.done_file.exists():
+        if run.proc.poll() is not None:
+            return f"the worker exited with {run.proc.returncode}"
+        if time.monotonic() > deadline:
+            return f"not every job started within {timeout:g} s"
+        time.sleep(0.05)
+    return None
+
+
+def wait_recorded(url: str, side: Side, total: int) -> tuple[int, int]:
+    """Wait for the last outcomes to reach the table (a handler's start comes
+    before its job's outcome is committed); (jobs done, queries sent)."""
+    deadline = time.monotonic() + RECORDED_TIMEOUT
+    queries = 0
+    while True:
+        done = int(query_one(url, side.span_sql)[2])
+        queries += 1
+        if done >= total or time.monotonic() > deadline:
+            return done, queries
+        time.sleep(0.1)
+
+
+# ---------------------------------------------------------------- workloads
+
+
+@dataclass
+class Throughput:
+    queues: int
+    concurrency: int
+    jobs: int
+    done: int = 0
+    seconds: float = 0.0
+    jobs_per_s: float = 0.0
+    xacts_per_job: float | None = None  # the worker's start and stop included
+    peak_connections: int = 0
+    complete: bool = False
+    error: str | None = None
+
+
+def measure_throughput(side: Side, server: Server, queues: list[str], jobs: int, concurrency: int) -> Throughput:
+    """jobs enqueued first (untimed, batches of 1,000), then the worker started:
+    from the first job's start to the last job's outcome, as the database
+    records them."""
+    result = Throughput(len(queues), concurrency, jobs)
+    with scratch_database(server, side.migrated) as scratch, tempfile.TemporaryDirectory(prefix="jobs-cmp-") as work:
+        side.install(scratch.url)
+        enqueue(side, "bulk", scratch.url, queues, jobs, ENQUEUE_BATCH)
+        vacuum_analyze(scratch.url)
+        meter = ServerMeter(scratch.admin, scratch.name)
+        before = meter.xacts()
+        # A budget that no sane run reaches: 60 s, plus 50 ms a job.
+        timeout = 60 + 0.05 * jobs
+        sampler = ConnectionSampler(scratch.server.url, scratch.name, 0.1)
+        with sampler, worker(side, scratch.url, queues, concurrency, jobs, Path(work)) as run:
+            result.error = wait_done(run, timeout)
+            done, queries = wait_recorded(scratch.url, side, jobs)
+            if result.error:
+                print(run.log_tail(), file=sys.stderr)
+        # Less this benchmark's own completion checks (one connection each).
+        xacts = meter.xacts() - before - 2 * queries
+        first, last, done = query_one(scratch.url, side.span_sql)
+        result.peak_connections = sampler.peak
+    result.done = int(done)
+    if result.done and first is not None and last is not None:
+        result.seconds = float(last) - float(first)
+        result.jobs_per_s = result.done / result.seconds if result.seconds > 0 else 0.0
+        result.xacts_per_job = xacts / result.done
+    result.complete = result.done == jobs and result.error is None
+    return result
+
+
+@dataclass
+class Latency:
+    samples: int
+    started: int = 0
+    p50_ms: float | None = None
+    p99_ms: float | None = None
+    max_ms: float | None = None
+
+
+def measure_latency(side: Side, server: Server, samples: int) -> Latency:
+    """Another process commits one job at a time, 50-100 ms apart (random);
+    each latency is the handler's time.time() at start less the producer's
+    right after its commit returned (one machine, one clock)."""
+    result = Latency(samples)
+    with scratch_database(server, side.migrated) as scratch, tempfile.TemporaryDirectory(prefix="jobs-cmp-") as work:
+        side.install(scratch.url)
+        with worker(side, scratch.url, ["q00"], 1, samples, Path(work)) as run:
+            wait_ready(scratch.admin, scratch.name, run)
+            commits = enqueue(side, "produce", scratch.url, ["q00"], samples, gap_min=0.05, gap_max=0.1)
+            # A job not started 5 s after the last commit counts as missed, not waited for.
+            wait_done(run, 5.0)
+            run.stop()
+            starts = run.starts()
+    latencies = [1000 * (starts[seq] - t) for seq, t in commits if seq in starts]
+    result.started = len(latencies)
+    if latencies:
+        result.p50_ms = percentile(latencies, 50)
+        result.p99_ms = percentile(latencies, 99)
+        result.max_ms = max(latencies)
+    return result
+
+
+@dataclass
+class Enqueue:
+    jobs: int
+    single_per_s: float = 0.0  # one job per transaction
+    batch_per_s: float = 0.0  # ENQUEUE_BATCH jobs per transaction
+
+
+def measure_enqueue(side: Side, server: Server, jobs: int) -> Enqueue:
+    """One process enqueues `jobs` one per transaction, then as many again in
+    batches of 1,000, into one queue, with no worker running."""
+    result = Enqueue(jobs)
+    with scratch_database(server, side.migrated) as scratch:
+        side.install(scratch.url)
+        single = enqueue(side, "bulk", scratch.url, ["q00"], jobs, 1)
+        batch = enqueue(side, "bulk", scratch.url, ["q00"], jobs, ENQUEUE_BATCH)
+    result.single_per_s = jobs / single["seconds"]
+    result.batch_per_s = jobs / batch["seconds"]
+    return result
+
+
+@dataclass
+class Idle:
+    queues: int
+    seconds: float = 0.0
+    xacts: int = 0
+    xacts_per_minute: float = 0.0
+    connections: int = 0  # held at the end of the window
+    peak_connections: int = 0  # over the window
+    rss_mb: float = 0.0
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def server_xacts(admin: psycopg2.extensions.connection, dbname: str) -> int:
+    with admin.cursor() as cur:
+        cur.execute("SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = %s", (dbname,))
+        return int(cur.fetchone()[0])
+
+
+def measure_idle(side: Side, server: Server, seconds: float, settle: float) -> Idle:
+    """A 40-queue worker with nothing to do, from `settle` seconds after its
+    first connection: the database's transactions over `seconds` (both reads
+    of pg_stat_database lag alike), its connections, the process's RSS."""
+    queues = [f"q{i:02d}" for i in range(MANY_QUEUES)]
+    result = Idle(len(queues))
+    with scratch_database(server, side.migrated) as scratch, tempfile.TemporaryDirectory(prefix="jobs-cmp-") as work:
+        side.install(scratch.url)
+        with worker(side, scratch.url, queues, 1, 0, Path(work)) as run:
+            wait_ready(scratch.admin, scratch.name, run)
+            time.sleep(settle)
+            with ConnectionSampler(scratch.server.url, scratch.name, 1.0) as sampler:
+                start, before = time.monotonic(), server_xacts(scratch.admin, scratch.name)
+                time.sleep(seconds)
+                end, after = time.monotonic(), server_xacts(scratch.admin, scratch.name)
+            if run.proc.poll() is not None:
+                raise RuntimeError(f"the {side.name} worker exited during the window:\n{run.log_tail()}")
+            result.rss_mb = rss_mb(run.proc.pid)
+            result.connections = backends(scratch.admin, scratch.name)
+            result.peak_connections = sampler.peak
+    result.seconds = end - start
+    result.xacts = after - before
+    result.xacts_per_minute = 60 * result.xacts / result.seconds
+    return result
+
+
+# ---------------------------------------------------------------- one side's run
+
+
+@dataclass
+class SideResult:
+    name: str
+    version: str
+    settings: str
+    one_queue: Throughput | None = None  # workload 1
+    concurrency: list[Throughput] = field(default_factory=list)  # workload 2
+    many_queues: Throughput | None = None  # workloads 3 and 7
+    latency: Latency | None = None  # workload 4
+    enqueue: Enqueue | None = None  # workload 5
+    idle: Idle | None = None  # workload 6
+
+    def best(self) -> Throughput | None:
+        return max(self.concurrency, key=lambda t: t.jobs_per_s, default=None)
+
+
+def version(name: str) -> str:
+    if name == "ours":
+        from bench.common import revision
+
+        rev = revision()
+        return rev["commit"] if rev else "?"
+    return importlib.metadata.version(name)
+
+
+def run_side(name: str, server: Server, args: argparse.Namespace) -> SideResult:
+    side = make_side(name)
+    result = SideResult(name, version(name), side.settings)
+    workloads = args.workloads
+
+    def say(what: str) -> None:
+        print(f"[{name}] {what} ...", flush=True)
+
+    if "1" in workloads or "2" in workloads:
+        say(f"workload 1: {args.jobs} jobs, one queue, one at a time")
+        result.one_queue = measure_throughput(side, server, ["q00"], args.jobs, 1)
+    if "2" in workloads:
+        for concurrency in args.concurrencies:
+            if concurrency == 1:
+                result.concurrency.append(result.one_queue)  # type: ignore[arg-type]
+                continue
+            say(f"workload 2: {args.jobs} jobs, one queue, concurrency {concurrency}")
+            result.concurrency.append(measure_throughput(side, server, ["q00"], args.jobs, concurrency))
+    if "3" in workloads:
+        say(f"workload 3: {args.jobs} jobs over {MANY_QUEUES} queues, one at a time each")
+        queues = [f"q{i:02d}" for i in range(MANY_QUEUES)]
+        result.many_queues = measure_throughput(side, server, queues, args.jobs, 1)
+    if "4" in workloads:
+        say(f"workload 4: commit-to-start latency, {args.samples} jobs one per commit")
+        result.latency = measure_latency(side, server, args.samples)
+    if "5" in workloads:
+        say(f"workload 5: enqueue {args.jobs} one per transaction, then in batches of {ENQUEUE_BATCH}")
+        result.enqueue = measure_enqueue(side, server, args.jobs)
+    if "6" in workloads:
+        say(f"workload 6: idle {MANY_QUEUES}-queue worker, {args.idle_seconds:g} s window")
+        result.idle = measure_idle(side, server, args.idle_seconds, args.settle)
+    return result
+
+
+# ---------------------------------------------------------------- the table
+
+
+@dataclass
+class Row:
+    label: str
+    higher_is_better: bool
+    values: dict[str, float | None]
+    notes: dict[str, str] = field(default_factory=dict)  # e.g. the best concurrency
+
+
+def _get(result: SideResult, path: str) -> float | None:
+    """A number from a side's result by dotted path ('idle.rss_mb'), None when not measured."""
+    value: Any = result
+    for part in path.split("."):
+        value = None if value is None else getattr(value, part)
+    return None if value is None else float(value)
+
+
+ROWS: list[tuple[str, str, bool]] = [
+    ("1 queue, 1 at a time (jobs/s)", "one_queue.jobs_per_s", True),
+    ("1 queue, best concurrency (jobs/s)", "best.jobs_per_s", True),
+    ("40 queues, 1 at a time each (jobs/s)", "many_queues.jobs_per_s", True),
+    ("40 queues: db transactions/job", "many_queues.xacts_per_job", False),
+    ("40 queues busy: peak connections", "many_queues.peak_connections", False),
+    ("commit->start p50 (ms)", "latency.p50_ms", False),
+    ("commit->start p99 (ms)", "latency.p99_ms", False),
+    ("enqueue, 1 per commit (jobs/s)", "enqueue.single_per_s", True),
+    (f"enqueue, {ENQUEUE_BATCH} per commit (jobs/s)", "enqueue.batch_per_s", True),
+    ("idle 40 queues: xacts/min", "idle.xacts_per_minute", False),
+    ("idle 40 queues: connections", "idle.connections", False),
+    ("idle 40 queues: worker RSS (MB)", "idle.rss_mb", False),
+]
+
+
+def build_rows(results: dict[str, SideResult]) -> list[Row]:
+    rows = []
+    for label, path, higher in ROWS:
+        values = {}
+        for name, result in results.items():
+            if path.startswith("best."):
+                best = result.best()
+                values[name] = None if best is None else best.jobs_per_s
+            else:
+                values[name] = _get(result, path)
+        row = Row(label, higher, values)
+        if path.startswith("best."):
+            row.notes = {n: f"c={r.best().concurrency}" for n, r in results.items() if r.best() is not None}  # type: ignore[union-attr]
+        if any(v is not None for v in values.values()):
+            rows.append(row)
+    return rows
+
+
+RATIO_KEYS = ("ours/better_peer", "ours/pgqueuer")
+
+
+def ratios(row: Row) -> tuple[float | None, float | None]:
+    """(ours / the better peer, ours / PGQueuer): the better peer is the higher
+    rate, or the lower cost or latency."""
+    ours = row.values.get("ours")
+    peers = [row.values[p] for p in PEERS if row.values.get(p) is not None]
+    if ours is None or not peers:
+        return None, None
+    better = max(peers) if row.higher_is_better else min(peers)
+    pgq = row.values.get("pgqueuer")
+    return (ours / better if better else None), (ours / pgq if pgq else None)
+
+
+def _cell(value: float | None, note: str = "") -> str:
+    if value is None:
+        return "-"
+    if value == int(value) and abs(value) < 1000:  # a count (connections)
+        return f"{int(value)} {note}".strip()
+    text = f"{value:,.0f}" if abs(value) >= 100 else f"{value:.2f}"
+    return f"{text} {note}".strip()
+
+
+def print_table(result: dict[str, Any], rows: list[Row]) -> None:
+    print()
+    print("\n".join(context_lines(result)))
+    print(machine_line(result))
+    rate = result.get("commit_rate")
+    if rate:
+        print(f"commit rate  {rate['tps']:,.0f} tx/s (pgbench -c 1 -j 1 -T {rate['seconds']}, single-row UPDATE)")
+    names = [n for n in SIDES if n in result["sides"]]
+    versions = ", ".join(f"{n} {result['sides'][n]['version']}" for n in names)
+    print(f"versions     {versions}; {result['options']['jobs']} jobs per throughput run")
+    print()
+    header = f"{'workload':<40}" + "".join(f"{n:>16}" for n in names) + f"{'ours/better':>13}{'ours/pgq':>10}"
+    print(header)
+    print("-" * len(header))
+    for row in rows:
+        best, pgq = ratios(row)
+        cells = "".join(f"{_cell(row.values.get(n), row.notes.get(n, '')):>16}" for n in names)
+        print(f"{row.label:<40}{cells}{_cell(best):>13}{_cell(pgq):>10}")
+    if rate:
+        for row in rows:
+            ours = row.values.get("ours")
+            if ours is not None and "jobs/s" in row.label and "enqueue" not in row.label:
+                print(f"  ours, {row.label.split(' (')[0]}: {ours / rate['tps']:.2f} of the commit rate")
+    print("(ratios: ours over the better peer / over PGQueuer; above 1 is more: better for jobs/s,")
+    print(" worse for transactions, connections, latency and memory)")
+    for name in names:
+        side = result["sides"][name]
+        for key in ("one_queue", "many_queues"):
+            run = side.get(key)
+            if run and not run["complete"]:
+                print(f"  INCOMPLETE {name} {key}: {run['done']}/{run['jobs']} done, {run['error']}")
+        latency = side.get("latency")
+        if latency and latency["started"] < latency["samples"]:
+            print(f"  {name} latency: {latency['samples'] - latency['started']} jobs not started within 5 s")
+
+
+# ---------------------------------------------------------------- main
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--jobs", type=int, help="jobs per throughput and enqueue run (default 5000; quick 1000)")
+    parser.add_argument("--only", choices=SIDES, action="append", help="run only this side (repeatable)")
+    parser.add_argument("--workloads", default="1,2,3,4,5,6", help="comma-separated, of 1-6 (7 comes with 3)")
+    parser.add_argument("--concurrencies", default="1,2,4,8,16", help="workload 2 (default %(default)s)")
+    parser.add_argument("--samples", type=int, help="workload 4's jobs (default 200; quick 50)")
+    parser.add_argument("--idle-seconds", type=float, help="workload 6's window (default 60; quick 20)")
+    parser.add_argument("--settle", type=float, help="workload 6: seconds before the window (default 30; quick 15)")
+    parser.add_argument("--pgbench-seconds", type=int, help="commit-rate run (default 10; quick 5)")
+    parser.add_argument("--quick", action="store_true", help="a sanity run: smaller numbers, shorter windows")
+    args = parser.parse_args(argv)
+    quick = args.quick
+    args.jobs = args.jobs or (1000 if quick else 5000)
+    args.samples = args.samples or (50 if quick else 200)
+    args.idle_seconds = args.idle_seconds or (20.0 if quick else 60.0)
+    args.settle = args.settle if args.settle is not None else (15.0 if quick else 30.0)
+    args.pgbench_seconds = args.pgbench_seconds or (5 if quick else 10)
+    args.workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    args.concurrencies = sorted({int(c) for c in args.concurrencies.split(",")})
+    args.sides = [s for s in SIDES if not args.only or s in args.only]
+    if set(args.workloads) - set("1234567") or args.jobs < MANY_QUEUES or min(args.concurrencies) < 1:
+        parser.error("--workloads of 1-7, --jobs >= 40, --concurrencies >= 1")
+    return args
+
+
+def check_peers(sides: list[str]) -> None:
+    missing = [m for m in ("procrastinate", "pgqueuer", "asyncpg") if importlib.util.find_spec(m) is None]
+    if missing and set(sides) & set(PEERS):
+        raise SystemExit(
+            f"missing {', '.join(missing)}: run  {PYTHON} -m pip install -r bench/requirements.txt  (or --only ours)"
+        )
+
+
+def commit_rate(server: Server, seconds: int) -> dict[str, Any]:
+    with scratch_database(server, migrated=False) as scratch:
+        return asdict(measure_commit_rate(scratch.url, seconds))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    check_peers(args.sides)
+    load_at_start = load_average()
+    server = get_server()
+    started = time.monotonic()
+    print(f"pgbench: {args.pgbench_seconds} s of single-row commits ...", flush=True)
+    rate = commit_rate(server, args.pgbench_seconds)
+    results = {name: run_side(name, server, args) for name in args.sides}
+    rows = build_rows(results)
+    options = {
+        k: getattr(args, k)
+        for k in ("jobs", "workloads", "concurrencies", "samples", "idle_seconds", "settle", "pgbench_seconds", "quick")
+    }
+    result = {
+        **run_record(server, load_at_start),
+        "options": options,
+        "commit_rate": rate,
+        "sides": {name: asdict(r) for name, r in results.items()},
+        "table": [{**asdict(row), "ratios": dict(zip(RATIO_KEYS, ratios(row), strict=True))} for row in rows],
+        "seconds": time.monotonic() - started,
+    }
+    print_table(result, rows)
+    print(f"\ntook {result['seconds'] / 60:.1f} min; saved {save(result, 'compare').relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
