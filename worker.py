@@ -18,7 +18,7 @@ from pathlib import Path  # noqa: E402
 import gevent  # noqa: E402
 from gevent.event import Event  # noqa: E402
 
-from lib import blocked, commands, embedded, errors, httpd, logs, queue_state, registry_check, stats, workers  # noqa: E402
+from lib import blocked, embedded, errors, httpd, logs, queue_state, registry_check, stats, workers  # noqa: E402
 from lib.clock import Clock, Scheduled  # noqa: E402
 from lib.db import DB, is_conn_failure  # noqa: E402
 from lib.errors import Outage  # noqa: E402
@@ -58,6 +58,8 @@ def main(registry: Registry, argv: Sequence[str] | None = None, schedule: Sequen
         return registry_check.main(list(registry), list(schedule), Path(__file__).resolve().parent, args.paths)
     url = settings.database_url or embedded.database_url()
     if args.command == "db-url":
+        from lib import commands
+
         # Only the URL: no pool, no migration.
         return commands.db_url(url, args, sys.stdout)
     db = _connect(url, size=len(registry) + POOL_BUFFER)
@@ -252,6 +254,10 @@ def _json_object(text: str) -> dict:
 
 def _operate(db: DB, args: argparse.Namespace, registry: Registry) -> int:
     """The operator's commands; each prints what it did (lib/commands.py)."""
+    # Imported here: a worker that only runs never loads them (tqdm and the
+    # tables' code are memory it would hold for nothing).
+    from lib import commands
+
     out, err = sys.stdout, sys.stderr
     if args.command in ("pause", "resume", "redrive", "retry") and args.queue is not None:
         # A slip in a queue's name would pause nothing, or find nothing to redrive, and say it did.

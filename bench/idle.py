@@ -1,4 +1,5 @@
-"""Idle cost: the transactions a minute that an idle worker causes.
+"""Idle cost: the transactions a minute that an idle worker causes, and the
+memory and connections it holds.
 
 Run from the project root:  .venv/bin/python bench/idle.py [--window SECONDS] [--settle SECONDS] [--queues 40]
 
@@ -11,10 +12,15 @@ database's transactions over a window, two ways:
   - server: xact_commit + xact_rollback of pg_stat_database, read from a
     connection to another database (so the reads never count themselves);
   - client: every statement the worker sent, noted by the worker process
-    itself, by kind (its pool runs in autocommit: one statement, one
-    transaction; a new session also counts one).
+    itself, by kind, and the transactions they made (a statement in
+    autocommit is one; statements inside a transaction make one, at its
+    COMMIT; a new session also counts one).
 
-The target is under 60 a minute.
+At the end of the window it reads the worker's resident memory (VmRSS of
+/proc/<pid>/status) and the connections it holds to the database
+(pg_stat_activity, by application_name).
+
+The target is at most 10 transactions a minute and at most 40 MB resident.
 """
 
 from __future__ import annotations
@@ -55,7 +61,8 @@ from lib.leases import LEASE_SECONDS
 from lib.poller import Poller
 
 APP = ROOT / "bench" / "apps" / "idle_worker.py"
-TARGET_PER_MINUTE = 60.0
+TARGET_PER_MINUTE = 10.0
+TARGET_RSS_MB = 40.0
 MIN_WINDOW = 120.0
 READY_TIMEOUT = 60.0
 STOP_TIMEOUT = 60.0
@@ -76,11 +83,14 @@ class Window:
     seconds: float = 0.0
     server_xacts: int = 0
     client_statements: int = 0
+    client_xacts: int = 0  # the transactions those statements made
     # Client statements by kind, and by the connection's application_name.
     kinds: dict[str, int] = field(default_factory=dict)
     applications: dict[str, int] = field(default_factory=dict)
-    transient: int = 0  # of the client statements, start-up ones (see TRANSIENT)
+    transient: int = 0  # of the client transactions, start-up ones (see TRANSIENT)
     first_tick_inside: bool = False  # whether the clock's first tick fell in the window
+    rss_mb: float = 0.0  # the worker's VmRSS at the end of the window
+    connections: dict[str, int] = field(default_factory=dict)  # by application_name, at the end
 
     def per_minute(self, count: float) -> float:
         return 60 * count / self.seconds if self.seconds else 0.0
@@ -130,7 +140,29 @@ def server_xacts(admin: psycopg2.extensions.connection, dbname: str) -> int:
         return int(cur.fetchone()[0])
 
 
-def read_statements(path: Path) -> list[tuple[float, str, str]]:
+def rss_mb(pid: int) -> float:
+    """The process's resident memory now (VmRSS), in MB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS in /proc/{pid}/status")
+
+
+def connections(admin: psycopg2.extensions.connection, dbname: str) -> dict[str, int]:
+    """The connections to the bench database now, by application_name: the
+    worker's (the benchmark's own admin connection is to another database)."""
+    with admin.cursor() as cur:
+        cur.execute(
+            "SELECT application_name, count(*) FROM pg_stat_activity WHERE datname = %s GROUP BY 1 ORDER BY 2 DESC, 1",
+            (dbname,),
+        )
+        return {app: int(n) for app, n in cur.fetchall()}
+
+
+Statement = tuple[float, str, str, bool]  # time, application_name, kind, whether it ended a transaction
+
+
+def read_statements(path: Path) -> list[Statement]:
     return [tuple(json.loads(line)) for line in path.read_text().splitlines() if line]  # type: ignore[misc]
 
 
@@ -153,6 +185,8 @@ def measure(scratch: Scratch, args: argparse.Namespace, work: Path) -> Window:
         end, after = time.time(), server_xacts(scratch.admin, scratch.name)
         if proc.poll() is not None:
             raise RuntimeError(f"the worker exited with {proc.returncode} during the window")
+        window.rss_mb = rss_mb(proc.pid)
+        window.connections = connections(scratch.admin, scratch.name)
     except BaseException:
         if proc.poll() is None:
             proc.kill()
@@ -169,33 +203,42 @@ def measure(scratch: Scratch, args: argparse.Namespace, work: Path) -> Window:
     return window
 
 
-def count(window: Window, statements: list[tuple[float, str, str]], start: float, end: float) -> None:
-    """The client's statements in [start, end): by kind, by connection, and how
-    many of them are start-up transients."""
-    first_tick = min((t for t, _, kind in statements if CLOCK in kind), default=None)
+def count(window: Window, statements: list[Statement], start: float, end: float) -> None:
+    """The client's statements in [start, end): by kind, by connection; the
+    transactions they made, and how many of those are start-up transients."""
+    first_tick = min((t for t, _, kind, _ in statements if CLOCK in kind), default=None)
 
     def transient(t: float, kind: str) -> bool:
         at_first_tick = first_tick is not None and CLOCK in kind and t < first_tick + FIRST_TICK_SPAN
         return kind.startswith(TRANSIENT) or at_first_tick
 
-    inside = [(t, app, kind) for t, app, kind in statements if start <= t < end]
+    inside = [s for s in statements if start <= s[0] < end]
     window.client_statements = len(inside)
-    window.kinds = dict(Counter(kind for _, _, kind in inside).most_common())
-    window.applications = dict(Counter(app for _, app, _ in inside).most_common())
-    window.transient = sum(1 for t, _, kind in inside if transient(t, kind))
+    window.client_xacts = sum(1 for *_, xact in inside if xact)
+    window.kinds = dict(Counter(kind for _, _, kind, _ in inside).most_common())
+    window.applications = dict(Counter(app for _, app, _, _ in inside).most_common())
+    window.transient = sum(1 for t, _, kind, xact in inside if xact and transient(t, kind))
     window.first_tick_inside = first_tick is not None and start <= first_tick < end
 
 
 def expected(queues: int, poll_interval: float, lease: float, ping_after: float) -> dict[str, float]:
     """What the code says an idle worker sends a minute: an empty claim per
-    queue per poll interval, and a rescue every lease/3 (the heartbeat sends
-    nothing with no job running); at most, before each, the pool's ping, when
-    its pooled connection sat idle past DB.ping_after. The clock's statements
-    are rare (caches.Age every 15 minutes, the hourly prune)."""
+    queue per poll interval, and a rescue once a lease while it holds no job
+    (Leases.rescue_period), with the registry's worker_seen in the same
+    transaction, which its COMMIT ends (the heartbeat sends nothing with no
+    job running); at most, before each, the pool's ping, when its pooled
+    connection sat idle past DB.ping_after. The clock's statements are rare
+    (caches.Age every 15 minutes, the hourly prune)."""
     claims = queues * 60 / poll_interval
-    rescues = 60 / (lease / 3)
-    pings = (claims if ping_after < poll_interval else 0) + (rescues if ping_after < lease / 3 else 0)
-    return {"job_claim": claims, "job_rescue": rescues, "ping (SELECT 1), at most": pings}
+    rescues = 60 / lease
+    pings = (claims if ping_after < poll_interval else 0) + (rescues if ping_after < lease else 0)
+    return {
+        "job_claim": claims,
+        "job_rescue": rescues,
+        "worker_seen": rescues,
+        "COMMIT": rescues,
+        "ping (SELECT 1), at most": pings,
+    }
 
 
 # ---------------------------------------------------------------- report
@@ -235,12 +278,16 @@ def report(scratch: Scratch, window: Window, args: argparse.Namespace, load: flo
         "window": asdict(window),
         "per_minute": {
             "server": per_minute,
-            "client": window.per_minute(window.client_statements),
-            "client_steady": window.per_minute(window.client_statements - window.transient),
+            "client": window.per_minute(window.client_xacts),
+            "client_steady": window.per_minute(window.client_xacts - window.transient),
             "kinds": {k: window.per_minute(n) for k, n in window.kinds.items()},
         },
         "expected_per_minute": expected(args.queues, poll_interval, LEASE_SECONDS, ping_after),
-        "target": {"per_minute": TARGET_PER_MINUTE, "met": per_minute < TARGET_PER_MINUTE},
+        "target": {
+            "per_minute": TARGET_PER_MINUTE,
+            "rss_mb": TARGET_RSS_MB,
+            "met": per_minute <= TARGET_PER_MINUTE and window.rss_mb <= TARGET_RSS_MB,
+        },
     }
 
 
@@ -256,8 +303,8 @@ def print_table(result: dict[str, Any]) -> None:
     )
     print(f"\n{'transactions in the bench database':<44}{'count':>8}{'per min':>10}")
     print(f"{'server (pg_stat_database)':<44}{window['server_xacts']:>8}{rates['server']:>10.1f}")
-    print(f"{'client (statements the worker sent)':<44}{window['client_statements']:>8}{rates['client']:>10.1f}")
-    steady = window["client_statements"] - window["transient"]
+    print(f"{'client (transactions the worker sent)':<44}{window['client_xacts']:>8}{rates['client']:>10.1f}")
+    steady = window["client_xacts"] - window["transient"]
     print(f"{'client, less start-up transients':<44}{steady:>8}{rates['client_steady']:>10.1f}")
     print(f"\n{'client statements by kind':<44}{'count':>8}{'per min':>10}{'expected':>10}")
     expect = result["expected_per_minute"]
@@ -267,12 +314,19 @@ def print_table(result: dict[str, Any]) -> None:
         print(f"{kind[:43]:<44}{count:>8}{rates['kinds'][kind]:>10.1f}{hint_text}")
     apps = ", ".join(f"{app or '?'} {n}" for app, n in window["applications"].items())
     print(f"by connection: {apps}")
+    print("(a statement in autocommit is a transaction; those inside one are ended by its COMMIT)")
     print("(expected: from the code, see idle.py expected(); a ping precedes a statement whose pooled connection")
     print(f" sat idle past DB.ping_after, {worker['ping_after_s']:g} s; start-up transients: PREPAREs, session starts,")
     first = "inside" if window["first_tick_inside"] else "outside"
     print(f" the clock's first tick (catch-up look-up and fire, prune), which fell {first} the window)")
+    held = ", ".join(f"{app or '?'} {n}" for app, n in window["connections"].items()) or "none"
+    print(f"\nworker at the end of the window: {window['rss_mb']:.1f} MB resident (VmRSS);")
+    print(f"connections to the bench database: {sum(window['connections'].values())} ({held})")
     verdict = "MET" if result["target"]["met"] else "NOT MET"
-    print(f"\ntarget: under {TARGET_PER_MINUTE:g} transactions a minute: {verdict} (server: {rates['server']:.1f})")
+    print(
+        f"\ntarget: at most {TARGET_PER_MINUTE:g} transactions a minute and {TARGET_RSS_MB:g} MB: {verdict}"
+        f" (server: {rates['server']:.1f} a minute, {window['rss_mb']:.1f} MB)"
+    )
 
 
 # ---------------------------------------------------------------- main
@@ -288,7 +342,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--settle",
         type=float,
-        help="seconds from the listener's connection to the window (default: a quarter poll interval, 20 s or more)",
+        help="seconds from the listener's connection to the window (default: 1.25 poll intervals, 20 s or more)",
     )
     parser.add_argument("--queues", type=int, default=40, help="trivial queues (default %(default)s)")
     args = parser.parse_args(argv)
@@ -296,8 +350,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.window is None:
         args.window = default_window(poll_interval)
     if args.settle is None:
-        # Between the start's claims and the next burst, past the stats' report delay.
-        args.settle = max(20.0, poll_interval / 4)
+        # Past the first poll after the start, and a quarter interval more, so
+        # the window starts between two bursts of claims. A backend reports a
+        # transaction that read no table (the start's PREPAREs) only with its
+        # next one that does, or when it closes: with the first poll's claims.
+        args.settle = max(20.0, poll_interval * 1.25)
     if args.window <= 0 or args.settle < 0 or args.queues < 1:
         parser.error("--window > 0, --settle >= 0, --queues >= 1")
     return args

@@ -2,6 +2,11 @@
 
 Only explicit capture() calls send events. Log records never do: a loop that
 logs a failure every cycle must not become eighty events a minute.
+
+sentry-sdk is imported by init(), only when there is somewhere to report to:
+with its HTTP transport it is about 7 MB of a worker's memory, which a worker
+without SENTRY_DSN has no use for. Until it is imported no client can exist,
+so there is nothing to send an event to.
 """
 
 from __future__ import annotations
@@ -9,12 +14,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 import time
 import traceback
+from types import ModuleType
 from typing import Any
-
-import sentry_sdk
-from sentry_sdk.integrations.logging import LoggingIntegration
 
 from lib.redact import scrub
 from lib.settings import dsn_secrets
@@ -81,6 +85,9 @@ def init(dsn: str | None = None, **options: Any) -> bool:
     dsn = dsn if dsn is not None else os.environ.get("SENTRY_DSN", "")
     if not dsn and "transport" not in options:
         return False
+    import sentry_sdk
+    from sentry_sdk.integrations.logging import LoggingIntegration
+
     sentry_sdk.init(
         dsn=dsn or None,
         # Job args may hold personal data: never attach frame locals (PII stays off by default).
@@ -100,10 +107,19 @@ def init(dsn: str | None = None, **options: Any) -> bool:
 MAX_TRACEBACK_BYTES = 8 * 1024
 
 
+def _sdk() -> ModuleType | None:
+    """sentry_sdk if it has been imported (by init(), or by a program that set
+    it up itself); None: no client exists, and no event can be sent."""
+    return sys.modules.get("sentry_sdk")
+
+
 def reporting() -> bool:
     """Whether events go to Sentry: a client with somewhere to send them (a
     client made without a DSN is active, but sends nothing)."""
-    client = sentry_sdk.get_client()
+    sdk = _sdk()
+    if sdk is None:
+        return False
+    client = sdk.get_client()
     return client.is_active() and client.transport is not None
 
 
@@ -125,22 +141,26 @@ def traceback_text(exc: BaseException, limit: int = MAX_TRACEBACK_BYTES) -> str 
 
 def capture(exc: BaseException, message: str | None = None, **tags: Any) -> None:
     """Report exc with tags (queue, job, id, callsite...); never a shutdown."""
-    if _is_shutdown(exc):
+    sdk = _sdk()
+    if sdk is None or _is_shutdown(exc):
         return
-    with sentry_sdk.new_scope() as scope:
+    with sdk.new_scope() as scope:
         for key, value in tags.items():
             scope.set_tag(key, value)
         if message:
             scope.set_context("what", {"message": message})
-        sentry_sdk.capture_exception(exc)
+        sdk.capture_exception(exc)
 
 
 def capture_message(message: str, level: str = "error", **tags: Any) -> None:
     """Report something that is not an exception (a blocked hub, say)."""
-    with sentry_sdk.new_scope() as scope:
+    sdk = _sdk()
+    if sdk is None:
+        return
+    with sdk.new_scope() as scope:
         for key, value in tags.items():
             scope.set_tag(key, value)
-        sentry_sdk.capture_message(message, level=level)  # type: ignore[arg-type]
+        sdk.capture_message(message, level=level)
 
 
 class Outage:

@@ -19,7 +19,6 @@ from gevent.pywsgi import LoggingLogAdapter, WSGIServer
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
 from lib import metrics, stats
-from lib.admin import Admin
 from lib.db import PoolTimeout, is_conn_failure, is_server_error
 from lib.errors import capture
 from lib.logs import one_line
@@ -179,5 +178,9 @@ def for_worker(
     )
     admin = None
     if admin_token:
+        # Only here: the admin page's templates (Jinja2) are memory that a
+        # worker without JOBS_ADMIN_TOKEN never uses.
+        from lib.admin import Admin
+
         admin = Admin(db, admin_token, queue_stats=stats.queue_stats, workers=stats.workers, queues=queues)
     return HttpServer(addr, make_app(Health(db, listener=listener, stop=stop), registry, admin=admin))

@@ -10,6 +10,7 @@ lease lapse and have the job run a second time elsewhere while it still runs.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import time
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import gevent
+import gevent.monkey
 import psycopg2
 from gevent.event import Event
 
@@ -30,7 +32,8 @@ from lib.sql import Q
 log = logging.getLogger("jobs.leases")
 
 # How long a claim holds without renewal. A worker that dies leaves its rows
-# for at most this long (plus one rescue period) before another takes them.
+# for at most this long (plus one rescue period: at most another lease)
+# before another takes them.
 LEASE_SECONDS = 30.0
 
 # Native sleep: the renewal thread must not touch the hub it stands in for.
@@ -87,9 +90,10 @@ class Leases:
         # Shared with the rest of the worker (the renewal thread included):
         # an outage of the database is one report, whoever meets it.
         self.outage = Outage("leases")
-        # Called on the rescue's period: the worker registry's refresh
-        # (lib/workers.py), passed in so this module does not depend on it.
-        self.seen: Callable[[], None] = lambda: None
+        # Run inside each rescue's transaction, given it: the worker
+        # registry's refresh (lib/workers.py), passed in so this module does
+        # not depend on it. One commit for both.
+        self.seen: Callable[[Any], None] = lambda runner: None
 
     def hold(self, job_id: int, claimed_at: float, fence: Callable[[], None]) -> None:
         """Note a job claimed at claimed_at (monotonic, when the claim's reply
@@ -140,17 +144,30 @@ class Leases:
             held.fence()
         return fenced
 
+    def rescue_period(self) -> float:
+        """How long from one rescue to the next. A third of a lease while this
+        worker holds jobs; a whole lease while it holds none, so an idle
+        worker sends one transaction a lease. Either way, a dead worker's rows
+        are taken back within two leases of their last renewal, and the
+        registry's last_seen (read as alive for three leases, lib/stats.py)
+        moves on at least once a lease."""
+        return self.lease / 3 if self.held else self.lease
+
     def rescue(self, legacy_age: float | None = None) -> list[tuple[int, str, str, str]]:
         """Take back started rows whose lease ran out, never one this worker
-        still holds (it is running or finalizing it)."""
+        still holds (it is running or finalizing it). In the same
+        transaction: seen(), and a wakeup for each queue a row came back to."""
         age = self.legacy_age if legacy_age is None else legacy_age
-        rows = self.db.query(Q.job_rescue, {"legacy_age": age, "worker_id": self.worker_id, "held": self.held_ids()})
+        params = {"legacy_age": age, "worker_id": self.worker_id, "held": self.held_ids()}
+        with self.db.transaction() as tx:
+            self.seen(tx)
+            rows = tx.query(Q.job_rescue, params)
+            for queue in sorted({r[1] for r in rows}):
+                # The lost worker held the queue's slot; whoever runs the queue may go on.
+                tx.exec(Q.queue_notify, {"queue": queue})
         for job_id, queue, name, status in rows:
             log.warning("queue=%s job=%s id=%d rescued from a lost worker: %s", queue, name, job_id, status)
             metrics.rescued(queue)
-        for queue in {r[1] for r in rows}:
-            # The lost worker held the queue's slot; whoever runs the queue may go on.
-            self.db.exec(Q.queue_notify, {"queue": queue})
         return [(r[0], r[1], r[2], r[3]) for r in rows]
 
     def run(self, stop: Event) -> None:
@@ -161,23 +178,23 @@ class Leases:
         _start_thread(self._renew_forever, (thread_stop,))
         try:
             first = True
-            period = self.lease / 3
-            next_rescue = 0.0
+            last_rescue = -math.inf
             while not stop.is_set():
                 self.fence_lapsed()
-                if time.monotonic() >= next_rescue:
+                # The period is read each time round: a job claimed during an
+                # idle worker's long wait brings the next rescue closer.
+                if time.monotonic() >= last_rescue + self.rescue_period():
                     try:
                         self.rescue(0.0 if first else None)
                         first = False
-                        self.seen()
                         self.outage.recovered()
                     except Exception as exc:
                         if not is_database_error(exc):
                             raise  # a bug: the supervisor reports it and restarts this part
                         self.outage.failed(exc)
-                    next_rescue = time.monotonic() + period
+                    last_rescue = time.monotonic()
                 # Often enough that a fence comes before the lease lapses.
-                stop.wait(min(self.margin / 2, period))
+                stop.wait(min(self.margin / 2, self.lease / 3))
         finally:
             thread_stop.append(True)
 

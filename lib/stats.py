@@ -18,8 +18,9 @@ from lib.sql import Q
 # The outcomes counted, in the order they are shown.
 OUTCOMES = (status.Kind.OK, status.Kind.FAIL, status.Kind.SKIP, status.Kind.ERR)
 
-# A worker refreshes its row every third of its lease; one unseen for this
-# many of its leases (nine refreshes missed) is taken for dead.
+# A worker refreshes its row at least once a lease (every third of one while
+# it runs jobs); one unseen for this many of its leases (three refreshes
+# missed) is taken for dead.
 ALIVE_PERIODS = 3.0
 
 

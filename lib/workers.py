@@ -1,8 +1,9 @@
 """The worker registry: each worker process writes a row at start (its id,
 host, pid and queues), moves last_seen on from its lease keeper while it
-runs, and deletes the row when it stops cleanly. The status command reads it
-(lib/stats.py) to show every worker on every host, and which dead ones still
-hold started rows; the maintenance queue forgets rows unseen for a day."""
+runs (in the transaction of each rescue, at least once a lease), and deletes
+the row when it stops cleanly. The status command reads it (lib/stats.py) to
+show every worker on every host, and which dead ones still hold started
+rows; the maintenance queue forgets rows unseen for a day."""
 
 from __future__ import annotations
 
@@ -21,9 +22,10 @@ log = logging.getLogger("jobs.workers")
 FORGET_AFTER_DAYS = 1
 
 
-def register(db: Any, worker_id: str, queues: Sequence[str], lease: float) -> Callable[[], None]:
+def register(db: Any, worker_id: str, queues: Sequence[str], lease: float) -> Callable[..., None]:
     """Write this worker's row; the refresh to call every rescue period (it
-    writes the row again if it was forgotten meanwhile)."""
+    writes the row again if it was forgotten meanwhile), on the runner it is
+    given (the lease keeper's rescue transaction) or the pool."""
     row = {
         "id": worker_id,
         "host": socket.gethostname(),
@@ -35,8 +37,8 @@ def register(db: Any, worker_id: str, queues: Sequence[str], lease: float) -> Ca
     }
     db.exec(Q.worker_seen, row)
 
-    def refresh() -> None:
-        db.exec(Q.worker_seen, row)
+    def refresh(runner: Any = None) -> None:
+        (runner or db).exec(Q.worker_seen, row)
 
     return refresh
 

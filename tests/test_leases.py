@@ -5,8 +5,10 @@ import os
 import time
 
 import gevent
+from gevent.event import Event
 from tests_support import wait_for
 
+from lib import workers
 from lib.insert import insert
 from lib.leases import Leases, new_worker_id
 from lib.poller import Poller
@@ -96,3 +98,46 @@ def test_a_job_interrupted_by_shutdown_with_attempts_left_keeps_its_place(db):
     while poller.work_once():
         pass
     assert order == [first, first, later]
+
+
+def test_an_idle_worker_rescues_once_a_lease_and_a_busy_one_every_third(db):
+    leases = Leases(db, lease=30)
+    assert leases.rescue_period() == 30
+    leases.hold(1, time.monotonic(), lambda: None)
+    assert leases.rescue_period() == 10
+    leases.release(1)
+    assert leases.rescue_period() == 30
+
+
+def test_the_rescue_and_the_registry_refresh_commit_as_one_transaction(db):
+    """One commit a rescue period for both: the rescued row and the worker's
+    registry row carry the same writing transaction (xmin)."""
+    lost = insert(db, "q", "q.N")
+    Poller("q", db, {"q.N": lambda job: "ok"}).claim()
+    db.exec("UPDATE jobs SET lease_until = now() - interval '1 second'")
+    leases = Leases(db)
+    leases.seen = workers.register(db, leases.worker_id, ["q"], leases.lease)
+    assert [r[0] for r in leases.rescue()] == [lost]
+    [(job_xmin,)] = db.query("SELECT xmin::text FROM jobs WHERE id = %s", (lost,))
+    [(worker_xmin,)] = db.query("SELECT xmin::text FROM workers WHERE id = %s", (leases.worker_id,))
+    assert job_xmin == worker_xmin
+
+
+def test_an_idle_lease_keeper_sends_one_rescue_a_lease(db):
+    leases = Leases(db, lease=1.0)
+    rescues = []
+    refresh = workers.register(db, leases.worker_id, ["q"], leases.lease)
+    leases.seen = lambda runner: rescues.append(time.monotonic()) or refresh(runner)
+    stop = Event()
+    keeper = gevent.spawn(leases.run, stop)
+    try:
+        gevent.sleep(2.5)  # rescues at about 0, 1 and 2 s; a third of a lease would make eight
+        idle = len(rescues)
+        leases.hold(1, time.monotonic(), lambda: None)  # busy: every third of a lease
+        gevent.sleep(2.0)
+        busy = len(rescues) - idle
+    finally:
+        stop.set()
+        keeper.get(timeout=5)
+    assert 2 <= idle <= 4
+    assert busy >= 4

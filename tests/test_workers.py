@@ -96,7 +96,7 @@ def test_the_worker_registers_at_start_and_leaves_when_it_stops(db):
         [info] = stats.workers(db)
         assert (info.queues, info.alive, info.pid) == (["q"], True, os.getpid())
         db.exec("UPDATE workers SET last_seen = now() - interval '1 hour'")
-        wait_for(lambda: stats.workers(db) != [], 5)  # refreshed by its lease keeper, every second
+        wait_for(lambda: stats.workers(db) != [], 5)  # refreshed by its lease keeper, at least once a lease (3 s)
     finally:
         stop.set()
         assert run.get(timeout=30) == 0

@@ -1,10 +1,13 @@
 """The worker of bench/idle.py: the real worker.main with --queues trivial queues
 (q00, q01, ...) at the Poller's default poll interval, and the real schedule.
 
-Every statement it sends is noted client-side (time, application_name, what),
-and written as JSON lines to $BENCH_STATEMENTS when the worker exits (SIGTERM):
-the benchmark counts them by kind for its breakdown. Noting them adds nothing
-on the server. DATABASE_URL names the database, as for the real worker.
+Every statement it sends is noted client-side (time, application_name, what,
+whether it ended a transaction), and written as JSON lines to
+$BENCH_STATEMENTS when the worker exits (SIGTERM): the benchmark counts them
+by kind for its breakdown. A statement sent in autocommit is a transaction of
+its own; one sent inside a transaction is not, and the COMMIT (or ROLLBACK)
+that ends it is noted as one. Noting them adds nothing on the server.
+DATABASE_URL names the database, as for the real worker.
 """
 
 from gevent import monkey
@@ -30,8 +33,8 @@ from lib.db import DB  # noqa: E402
 from lib.poller import PendingJob, Poller  # noqa: E402
 from queues.schedule import SCHEDULE  # noqa: E402
 
-# (time.time(), application_name, kind)
-STATEMENTS: list[tuple[float, str, str]] = []
+# (time.time(), application_name, kind, whether it ended a server transaction)
+STATEMENTS: list[tuple[float, str, str, bool]] = []
 _NAMED = re.compile(r"^\s*(PREPARE|EXECUTE)\s+(\w+)", re.IGNORECASE)
 
 
@@ -54,8 +57,26 @@ def kind(query: Any) -> str:
 
 class NotingCursor(psycopg2.extensions.cursor):
     def execute(self, query: Any, vars: Any = None) -> Any:
-        STATEMENTS.append((time.time(), _application(self.connection), kind(query)))
+        # Several statements in one autocommit round trip run as one transaction.
+        STATEMENTS.append((time.time(), _application(self.connection), kind(query), self.connection.autocommit))
         return super().execute(query, vars)
+
+
+class NotingConnection(psycopg2.extensions.connection):
+    """Notes the end of each transaction opened outside autocommit."""
+
+    def commit(self) -> None:
+        self._note("COMMIT")
+        super().commit()
+
+    def rollback(self) -> None:
+        self._note("ROLLBACK")
+        super().rollback()
+
+    def _note(self, what: str) -> None:
+        # Nothing is sent when no transaction is open.
+        if self.info.transaction_status != psycopg2.extensions.TRANSACTION_STATUS_IDLE:
+            STATEMENTS.append((time.time(), _application(self), what, True))
 
 
 def _application(conn: psycopg2.extensions.connection) -> str:
@@ -68,8 +89,9 @@ def _noting_connect(connect: Callable[..., Any]) -> Callable[..., Any]:
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         kwargs.setdefault("cursor_factory", NotingCursor)
+        kwargs.setdefault("connection_factory", NotingConnection)
         conn = connect(*args, **kwargs)
-        STATEMENTS.append((time.time(), _application(conn), "session start"))
+        STATEMENTS.append((time.time(), _application(conn), "session start", True))
         return conn
 
     return wrapper

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Any, ClassVar
-
-import requests
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from lib.clients.base import (
     APIClient,
@@ -16,6 +14,9 @@ from lib.clients.base import (
     parse_retry_after,
     parse_rfc3339,
 )
+
+if TYPE_CHECKING:
+    import requests
 
 # The limits Anthropic reports as anthropic-ratelimit-<kind>-{remaining,reset}.
 LIMIT_KINDS = ("requests", "tokens", "input-tokens", "output-tokens")

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime, timedelta
-from typing import Any
-
-import requests
+from typing import TYPE_CHECKING, Any
 
 from lib.clients.base import APIClient, APIError, RateLimitError, parse_retry_after
+
+if TYPE_CHECKING:
+    import requests
 
 # Apollo reports requests left per fixed window but not when a window ends,
 # so an exhausted window can only bound the wait by its full length.

@@ -25,12 +25,15 @@ import os
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import unquote, urljoin, urlsplit
 
-import requests
-
 from lib.redact import carries, scrub
+
+if TYPE_CHECKING:
+    # Imported when a client is built: a worker whose API queues are off
+    # (no token) never loads requests and urllib3, several MB of its memory.
+    import requests
 
 log = logging.getLogger(__name__)
 
@@ -262,7 +265,11 @@ class APIClient:
         self.base_url = base.rstrip("/")
         self.timeout = timeout
         self._owns_session = session is None
-        self.session = session if session is not None else requests.Session()
+        if session is None:
+            import requests
+
+            session = requests.Session()
+        self.session = session
         self._now = now
 
     def __repr__(self) -> str:
@@ -359,6 +366,8 @@ class APIClient:
         if clean is None or carries(str(clean), [self._token]):
             # A kind that cannot be built from its message alone: say it was
             # a request failure, which every caller already handles.
+            import requests
+
             clean = requests.RequestException(f"{type(exc).__name__}: {text}")
         clean.__suppress_context__ = True
         return clean

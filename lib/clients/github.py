@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import re
 from datetime import datetime, timedelta
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import quote
-
-import requests
 
 from lib.clients.base import (
     APIClient,
@@ -17,6 +15,9 @@ from lib.clients.base import (
     parse_epoch,
     parse_retry_after,
 )
+
+if TYPE_CHECKING:
+    import requests
 
 # GitHub's advice when a secondary limit comes without retry-after or
 # x-ratelimit-remaining: 0 is to wait at least a minute.

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-import requests
+from typing import TYPE_CHECKING, Any
 
 from lib.clients.base import (
     APIClient,
@@ -14,6 +12,9 @@ from lib.clients.base import (
     ServerError,
     parse_retry_after,
 )
+
+if TYPE_CHECKING:
+    import requests
 
 # Slack reports failures as HTTP 200 with {"ok": false, "error": "<code>"}.
 # These codes mean the token itself is unusable.

@@ -1,0 +1,46 @@
+"""What an idle worker keeps in memory: a worker without SENTRY_DSN, API
+tokens or JOBS_ADMIN_TOKEN never loads the libraries only those need
+(sentry-sdk, requests and urllib3, Jinja2), nor the operator's commands."""
+
+import socket
+
+from tests_support import run_python
+
+# Run in a plain interpreter of its own (this one has them all loaded): the
+# real worker.main with the real registry and schedule, stopped by SIGTERM.
+RUN_THEN_LIST = """
+from gevent import monkey
+
+monkey.patch_all()
+
+import os, signal, sys
+
+import gevent
+
+import worker
+from queues import REGISTRY
+from queues.schedule import SCHEDULE
+
+gevent.spawn_later(3, os.kill, os.getpid(), signal.SIGTERM)
+code = worker.main(REGISTRY, ["run"], schedule=SCHEDULE)
+heavy = ("sentry_sdk", "requests", "urllib3", "jinja2", "tqdm", "lib.admin", "lib.commands")
+print("loaded:", sorted(name for name in heavy if name in sys.modules))
+sys.exit(code)
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_an_idle_worker_loads_no_library_it_has_no_use_for(db, database_url):
+    off = {
+        name: "" for name in ("SENTRY_DSN", "GITHUB_TOKEN", "SLACK_BOT_TOKEN", "ANTHROPIC_API_KEY", "APOLLO_API_KEY")
+    }
+    env = {**off, "DATABASE_URL": database_url, "JOBS_HTTP_ADDR": f"127.0.0.1:{_free_port()}", "JOBS_ADMIN_TOKEN": ""}
+    done = run_python(RUN_THEN_LIST, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "serving http on" in done.stderr  # the HTTP endpoints ran, without the admin page
+    assert "loaded: []" in done.stdout, done.stdout + done.stderr[-3000:]
