@@ -40,17 +40,18 @@ BEGIN
     RETURN;
   END IF;
   -- A statement after the lock: its snapshot holds what committed before it.
-  SELECT greatest(q.paused_until, q.next_claim_at) INTO gate FROM job_queues q WHERE q.queue = p_queue;
+  -- The database holds the queue to its concurrency: a slot number is free
+  -- when no started row of the queue, of any process, holds it.
+  SELECT (SELECT greatest(q.paused_until, q.next_claim_at) FROM job_queues q WHERE q.queue = p_queue),
+         (SELECT array_agg(s ORDER BY s) FROM unnest(p_slots) s
+          WHERE NOT EXISTS (SELECT 1 FROM jobs j WHERE j.queue = p_queue AND j.status = 'started' AND j.slot = s))
+  INTO gate, free;
   IF gate > now() THEN
     RETURN QUERY SELECT NULL::bigint, NULL::text, NULL::text, NULL::int, NULL::int, NULL::text, NULL::float8,
                         extract(EPOCH FROM least(gate, now() + interval '1 day') - now())::float8,  -- a pause may be infinite
                         NULL::int;
     RETURN;
   END IF;
-  -- The database holds the queue to its concurrency: a slot number is free
-  -- when no started row of the queue, of any process, holds it.
-  SELECT array_agg(s ORDER BY s) INTO free FROM unnest(p_slots) s
-  WHERE NOT EXISTS (SELECT 1 FROM jobs j WHERE j.queue = p_queue AND j.status = 'started' AND j.slot = s);
   IF free IS NULL THEN
     -- Every slot asked for is taken; the end of those jobs wakes nobody here,
     -- so the poller looks again at its fallback poll or the next enqueue.
@@ -121,12 +122,14 @@ BEGIN
   -- A throttling outcome takes its queue's turn (see jobs_claim) until it
   -- commits: no claim reads the gate in between. In the queues' order, so two
   -- processes' outcomes never wait on each other.
-  FOR throttled IN
-    SELECT DISTINCT j.queue FROM jobs j JOIN unnest(o_ids, o_delays) o(id, delay) ON j.id = o.id
-    WHERE o.delay > 0 ORDER BY j.queue
-  LOOP
-    PERFORM pg_advisory_xact_lock(1785684595, hashtext(throttled));  -- jobs_queue_turn
-  END LOOP;
+  IF 0 < ANY(o_delays) THEN  -- an expression, not a query: the common case costs nothing
+    FOR throttled IN
+      SELECT DISTINCT j.queue FROM jobs j JOIN unnest(o_ids, o_delays) o(id, delay) ON j.id = o.id
+      WHERE o.delay > 0 ORDER BY j.queue
+    LOOP
+      PERFORM pg_advisory_xact_lock(1785684595, hashtext(throttled));  -- jobs_queue_turn
+    END LOOP;
+  END IF;
   RETURN QUERY
   WITH o AS (
     SELECT * FROM unnest(o_ids, o_workers, o_attempts, o_statuses, o_retry_ins, o_last_errors,
@@ -177,11 +180,20 @@ LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
   g record;
 BEGIN
-  RETURN QUERY
-  SELECT NULL::text, NULL::text, f.id, NULL::text, NULL::text, NULL::int, NULL::int, NULL::text,
-         NULL::float8, NULL::float8, NULL::int
-  FROM jobs_finalize(o_ids, o_workers, o_attempts, o_statuses, o_retry_ins, o_last_errors,
-                     o_tracebacks, o_delays, o_uncounted) f;
+  -- The tests of cardinality are expressions, not queries: a batch of one
+  -- costs no more statements than its one outcome and one claim.
+  IF cardinality(o_ids) > 0 THEN
+    RETURN QUERY
+    SELECT NULL::text, NULL::text, f.id, NULL::text, NULL::text, NULL::int, NULL::int, NULL::text,
+           NULL::float8, NULL::float8, NULL::int
+    FROM jobs_finalize(o_ids, o_workers, o_attempts, o_statuses, o_retry_ins, o_last_errors,
+                       o_tracebacks, o_delays, o_uncounted) f;
+  END IF;
+  IF cardinality(c_queues) = 1 THEN
+    RETURN QUERY SELECT c_queues[1], c_workers[1], r.* FROM jobs_claim(c_queues[1], c_slots, c_workers[1],
+                                                                       c_leases[1], c_max_attempts[1], c_ids[1]) r;
+    RETURN;
+  END IF;
   FOR g IN
     SELECT c.queue, c.worker, c.lease, c.max_attempts, c.id, array_agg(c.slot ORDER BY c.slot) AS slots
     FROM unnest(c_queues, c_slots, c_workers, c_leases, c_max_attempts, c_ids)
