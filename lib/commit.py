@@ -12,6 +12,7 @@ connection an outcome needs.
 
 from __future__ import annotations
 
+import logging
 import weakref
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +22,8 @@ from gevent.event import AsyncResult
 
 from lib.db import DB, NoReply, Row, is_server_error
 from lib.sql import Q
+
+log = logging.getLogger("jobs.commit")
 
 # Seconds a batch may take before it counts as unanswered (the server or the
 # way to it hangs); its outcome is then settled like a lost connection's.
@@ -64,7 +67,15 @@ class Committer:
         # an ask is never left with no sender.
         while self._asks:
             asks, self._asks = self._asks, []
-            self._commit(asks)
+            try:
+                self._commit(asks)
+            except Exception as exc:
+                # A bug here must not leave pollers waiting for ever: each
+                # ask still unanswered hears of it, and the next batch goes on.
+                for ask in asks:
+                    if not ask.reply.ready():
+                        ask.reply.set_exception(exc)
+                log.exception("group commit failed")
 
     def _commit(self, asks: list[_Ask]) -> None:
         try:

@@ -208,3 +208,15 @@ def test_an_idle_forty_queue_worker_holds_at_most_three_connections(db, database
         stop.set()
         assert runner.get(timeout=20) == 0
         pool.close()
+
+
+def test_a_fault_in_the_committer_reaches_its_asks_and_the_next_batch_goes_on(db, caplog):
+    poller = Poller("bug", db, {"bug.N": lambda job: "ok"})
+    insert(db, "bug", "bug.N")
+    answer = poller.commit._round_trip
+    poller.commit._round_trip = lambda asks: [("bug",)]  # a row _reply cannot read
+    with pytest.raises(IndexError), gevent.Timeout(10):
+        poller.claim()
+    assert "group commit failed" in caplog.text
+    poller.commit._round_trip = answer
+    assert poller.claim() is not None
