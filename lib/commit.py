@@ -110,8 +110,9 @@ class Committer:
             for ask in asks:
                 ask.reply.set_exception(stopped)
             raise
+        answers = _Answers(rows)
         for ask in asks:
-            ask.reply.set(_reply(ask, rows))
+            ask.reply.set(answers.reply(ask))
 
     def _round_trip(self, asks: list[_Ask]) -> list[Row]:
         self.batches += 1
@@ -146,20 +147,30 @@ class Committer:
             raise lost from None
 
 
-def _reply(ask: _Ask, rows: list[Row]) -> Reply:
-    written = ask.outcome is not None and any(r[0] is None and r[2] == ask.outcome["id"] for r in rows)
-    if ask.claim is None:
-        return Reply(written, None)
-    queue, worker, slot = ask.claim["queue"], ask.claim["worker_id"], ask.claim["slot"]
-    answer: Row | None = None
-    for row in rows:
-        if row[0] != queue or row[1] != worker:
-            continue
-        if row[-1] == slot:
-            return Reply(written, row[2:])
-        if row[2] is None:
-            answer = row[2:]  # nothing claimed for the group: its wait
-    return Reply(written, answer)
+class _Answers:
+    """A batch's rows, by what each answers: outcomes written (queue NULL, the
+    job's id), jobs claimed (queue, worker and slot) and, for a group that
+    claimed nothing, its wait (queue and worker, no slot)."""
+
+    def __init__(self, rows: list[Row]) -> None:
+        self.written = {row[2] for row in rows if row[0] is None}
+        self.claimed: dict[tuple[Any, Any, Any], Row] = {}
+        self.waits: dict[tuple[Any, Any], Row] = {}
+        for row in rows:
+            if row[0] is None:
+                continue
+            if row[2] is None:
+                self.waits[row[0], row[1]] = row[2:]
+            else:
+                self.claimed[row[0], row[1], row[-1]] = row[2:]
+
+    def reply(self, ask: _Ask) -> Reply:
+        written = ask.outcome is not None and ask.outcome["id"] in self.written
+        if ask.claim is None:
+            return Reply(written, None)
+        queue, worker = ask.claim["queue"], ask.claim["worker_id"]
+        row = self.claimed.get((queue, worker, ask.claim["slot"]))
+        return Reply(written, row if row is not None else self.waits.get((queue, worker)))
 
 
 _committers: weakref.WeakKeyDictionary[DB, Committer] = weakref.WeakKeyDictionary()

@@ -411,6 +411,14 @@ class Poller:
             # This poller gives the queue's slot up: a poller of another
             # worker may take it now, not at its next fallback poll.
             self._hand_over()
+        if log.isEnabledFor(logging.INFO):
+            self._log_done(job, outcome, elapsed)
+        metrics.job_done(self.queue, outcome, elapsed)
+        if delay > 0:
+            (stop or Event()).wait(delay)
+        return outcome.status, looked
+
+    def _log_done(self, job: PendingJob, outcome: Outcome, elapsed: float) -> None:
         shown = outcome.status if outcome.retry_in is None else f"{outcome.status} (retry in {outcome.retry_in:.0f}s)"
         log.info(
             "queue=%s job=%s id=%d status=%r latency=%.2fs duration=%.2fs",
@@ -431,10 +439,6 @@ class Poller:
                 "worker": self.leases.worker_id,
             },
         )
-        metrics.job_done(self.queue, outcome, elapsed)
-        if delay > 0:
-            (stop or Event()).wait(delay)
-        return outcome.status, looked
 
     def _fence(self, slot: int, job: PendingJob) -> None:
         """Stop this job's handler: its lease could not be renewed in time.

@@ -214,7 +214,7 @@ def test_a_fault_in_the_committer_reaches_its_asks_and_the_next_batch_goes_on(db
     poller = Poller("bug", db, {"bug.N": lambda job: "ok"})
     insert(db, "bug", "bug.N")
     answer = poller.commit._round_trip
-    poller.commit._round_trip = lambda asks: [("bug",)]  # a row _reply cannot read
+    poller.commit._round_trip = lambda asks: [("bug",)]  # a row the batch's answers cannot be read from
     with pytest.raises(IndexError), gevent.Timeout(10):
         poller.claim()
     assert "group commit failed" in caplog.text
