@@ -24,7 +24,7 @@ Then, on each, the server's side: rolled-back EXPLAIN (ANALYZE, BUFFERS) of the
 job_claim and job_finalize named queries (execution time, and the buffers the
 function's statements touched, which the Function Scan's count includes), and,
 where the server has auto_explain, the plans of the statements inside
-jobs_claim and jobs_finalize (generic, as the functions run them), to show
+jobs_step (generic, as the function runs them), to show
 each stays on its index.
 """
 
@@ -402,7 +402,7 @@ AUTO_EXPLAIN = {
 
 def nested_plans(url: str) -> tuple[list[dict[str, Any]], str | None]:
     """The plans auto_explain logs for one claim and its job's finalize (rolled
-    back), the statements inside jobs_claim and jobs_finalize included: a list
+    back), the statements inside jobs_step included: a list
     of {statement, duration_ms, buffers, scans, plan}; or why there are none."""
     conn = admin_connect(url)
     conn.notices = deque()  # unbounded: a plain list keeps only the last 50

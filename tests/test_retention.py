@@ -51,7 +51,7 @@ def test_caches_age_deletes_expired_entries(db):
 def test_claim_stays_on_its_index_with_many_finished_rows(db, database_url):
     """The claim reads the partial index of pending rows, so finished rows do
     not enter it (the benchmark shows the time with a million). The claim runs
-    inside jobs_claim, whose statements Postgres soon runs on generic plans,
+    inside jobs_step, whose statements Postgres runs on generic plans,
     made without the parameters' values: those are the plans forced here. The
     pages a claim touches are counted (EXPLAIN's buffers include the
     function's own statements): a handful, where reading the finished rows
@@ -82,7 +82,7 @@ def test_claim_stays_on_its_index_with_many_finished_rows(db, database_url):
     finally:
         conn.rollback()
         conn.close()
-    assert "jobs_claim" in plan, plan
+    assert "jobs_step" in plan, plan
     assert pages > 300, pages  # what reading the finished rows would cost
     assert touched[1] < 60, (touched, plan)
     assert count_jobs(db, "status = 'started'") == 0

@@ -1,24 +1,84 @@
--- The claims of a batch in two statements, whatever the number of queues,
--- instead of several statements a queue: one takes the queues' turns, one
--- claims for every queue whose turn it has. The rules are 014's (see
--- jobs_claim there); only their shape changes.
+-- One function for a whole batch, and the claims of all its queues in two
+-- statements instead of several statements a queue: one takes the queues'
+-- turns, one claims for every queue whose turn it has. The rules are those of
+-- migration 014 (read its comments); only their shape changes. A lone claim
+-- or outcome is a batch of one (sql/jobs.sql: job_claim, job_finalize), so
+-- each rule is written once, and no call goes through nested functions, each
+-- of which cost a setup and its plan_cache_mode setting.
 
+DROP FUNCTION jobs_step(bigint[], text[], int[], text[], float8[], text[], text[], float8[], int[],
+                        text[], int[], text[], float8[], int[], bigint[]);
 DROP FUNCTION jobs_claim(text, int[], text, float8, int, bigint);
+DROP FUNCTION jobs_finalize(bigint[], text[], int[], text[], float8[], text[], text[], float8[], int[]);
 
--- Claim, for each (queue, worker) among the asks, up to one job per free slot
--- asked for, in the queue's order. One row per job claimed (slot set), and
--- one row of NULLs for each group that claimed nothing, whose wait says how
--- long until its queue may have work (NULL: not known; 0.05: look again
--- shortly, its turn or its head row is held this moment).
-CREATE FUNCTION jobs_claim(
+-- Outcomes first, freeing their slots; then claims. Rows: one per outcome
+-- written (queue NULL, the job's id); one per job claimed (queue, worker_id
+-- and slot set); and one of NULLs for each (queue, worker) that claimed
+-- nothing, whose wait says how long until its queue may have work (NULL: not
+-- known; 0.05: look again shortly, its turn or its head row is held now).
+CREATE FUNCTION jobs_step(
+  o_ids bigint[], o_workers text[], o_attempts int[], o_statuses text[], o_retry_ins float8[],
+  o_last_errors text[], o_tracebacks text[], o_delays float8[], o_uncounted int[],
   c_queues text[], c_slots int[], c_workers text[], c_leases float8[], c_max_attempts int[], c_ids bigint[]
 ) RETURNS TABLE (queue text, worker_id text, id bigint, name text, args text, attempts int, max_attempts int,
                  callsite text, latency float8, wait float8, slot int)
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
+  throttled text;
   busy text[];
 BEGIN
+  -- The tests of cardinality are expressions, not queries: they cost next to nothing.
+  IF cardinality(o_ids) > 0 THEN
+    -- A throttling outcome takes its queue's turn (the claim's, below) until it
+    -- commits: no claim reads the gate in between. In the queues' order, so two
+    -- processes' outcomes never wait on each other.
+    IF 0 < ANY(o_delays) THEN  -- an expression, not a query: the common case costs nothing
+      FOR throttled IN
+        SELECT DISTINCT j.queue FROM jobs j JOIN unnest(o_ids, o_delays) o(id, delay) ON j.id = o.id
+        WHERE o.delay > 0 ORDER BY j.queue
+      LOOP
+        PERFORM pg_advisory_xact_lock(1785684595, hashtext(throttled));  -- jobs_queue_turn
+      END LOOP;
+    END IF;
+    RETURN QUERY
+    WITH o AS (
+      SELECT * FROM unnest(o_ids, o_workers, o_attempts, o_statuses, o_retry_ins, o_last_errors,
+                           o_tracebacks, o_delays, o_uncounted)
+        AS o(id, worker_id, attempts, status, retry_in, last_error, traceback, delay, uncounted)
+    ),
+    done AS (
+      UPDATE jobs j
+      SET status = o.status,
+          finished_at = CASE WHEN o.retry_in IS NULL THEN now() END,
+          -- A retry waits retry_in; an interrupted job (retry_in 0) keeps its place in the queue.
+          run_at = CASE WHEN coalesce(o.retry_in, 0) = 0 THEN j.run_at
+                        ELSE now() + make_interval(secs => o.retry_in) END,
+          last_error = coalesce(o.last_error, j.last_error),
+          -- Goes with last_error: a new error replaces it (with NULL when it has none).
+          last_traceback = CASE WHEN o.last_error IS NULL THEN j.last_traceback ELSE o.traceback END,
+          -- An attempt that did not count (a snooze) gives its allowance back.
+          max_attempts = j.max_attempts + o.uncounted,
+          lease_until = NULL, slot = NULL
+      FROM o
+      WHERE j.id = o.id AND j.worker_id = o.worker_id AND j.attempts = o.attempts
+        AND j.status IN ('started', o.status)
+      RETURNING j.id, j.queue, o.delay
+    ),
+    gated AS (
+      INSERT INTO job_queues (queue, next_claim_at)
+      SELECT done.queue, now() + make_interval(secs => max(done.delay)) FROM done
+      WHERE done.delay > 0
+      GROUP BY done.queue
+      ON CONFLICT (queue) DO UPDATE SET next_claim_at = excluded.next_claim_at
+    )
+    SELECT NULL::text, NULL::text, done.id, NULL::text, NULL::text, NULL::int, NULL::int, NULL::text,
+           NULL::float8, NULL::float8, NULL::int
+    FROM done;
+  END IF;
+  IF cardinality(c_queues) = 0 THEN
+    RETURN;
+  END IF;
   -- Each queue's turn (jobs_queue_turn), never waited for: the queues whose
   -- turn another transaction holds now.
   SELECT array_agg(t.q) FILTER (WHERE NOT t.mine) INTO busy
@@ -97,28 +157,5 @@ BEGIN
          NULL::int
   FROM grp g
   WHERE NOT EXISTS (SELECT 1 FROM claimed c WHERE c.q = g.q AND c.w = g.w);
-END
-$$;
-
-CREATE OR REPLACE FUNCTION jobs_step(
-  o_ids bigint[], o_workers text[], o_attempts int[], o_statuses text[], o_retry_ins float8[],
-  o_last_errors text[], o_tracebacks text[], o_delays float8[], o_uncounted int[],
-  c_queues text[], c_slots int[], c_workers text[], c_leases float8[], c_max_attempts int[], c_ids bigint[]
-) RETURNS TABLE (queue text, worker_id text, id bigint, name text, args text, attempts int, max_attempts int,
-                 callsite text, latency float8, wait float8, slot int)
-LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
-BEGIN
-  -- The outcomes first, freeing their slots for the claims. The tests of
-  -- cardinality are expressions, not queries: they cost next to nothing.
-  IF cardinality(o_ids) > 0 THEN
-    RETURN QUERY
-    SELECT NULL::text, NULL::text, f.id, NULL::text, NULL::text, NULL::int, NULL::int, NULL::text,
-           NULL::float8, NULL::float8, NULL::int
-    FROM jobs_finalize(o_ids, o_workers, o_attempts, o_statuses, o_retry_ins, o_last_errors,
-                       o_tracebacks, o_delays, o_uncounted) f;
-  END IF;
-  IF cardinality(c_queues) > 0 THEN
-    RETURN QUERY SELECT * FROM jobs_claim(c_queues, c_slots, c_workers, c_leases, c_max_attempts, c_ids);
-  END IF;
 END
 $$;
