@@ -5,9 +5,10 @@ ready at about the same moment.
 A lone ask on an idle worker goes at once: there is no window to wait for
 company. While one batch is on its way, the asks that arrive meanwhile wait for
 it and then go together, so under load a batch grows by itself, and an idle
-moment sends batches of one. Up to two batches are in flight at once, each on
-a connection the pool keeps for them (DB.reserved), so handlers' own queries
-can never take the connection an outcome needs.
+moment sends batches of one. One batch is on its way at a time (a second
+beside it would meet the first on the same queue's turn and be told to come
+back later), on a connection the pool keeps for it (DB.reserved), so
+handlers' own queries can never take the connection an outcome needs.
 """
 
 from __future__ import annotations
@@ -48,13 +49,7 @@ class Committer:
         self.db = db
         self.timeout = timeout
         self._asks: list[_Ask] = []
-        # Batches on their way at once, at most db.reserved_size: a second one
-        # goes while the first is at the server, so this process's work and
-        # the server's overlap instead of taking turns.
-        self._sending = 0
-        # A sender was started and has not yet taken its batch: it will take
-        # every ask made meanwhile, so no other is started for them.
-        self._starting = False
+        self._sender: gevent.Greenlet | None = None
         self.batches = 0  # round trips sent, for the benchmarks and /metrics
         self.asks = 0
 
@@ -63,31 +58,25 @@ class Committer:
         in the next batch; raises what the batch raised."""
         ask = _Ask(outcome, claim)
         self._asks.append(ask)
-        if not self._starting and self._sending < self.db.reserved_size:
+        if self._sender is None or self._sender.dead:
             # Started on the hub's next turn: asks made in this one join it.
-            self._starting = True
-            self._sending += 1
-            gevent.spawn(self._drain)
+            self._sender = gevent.spawn(self._drain)
         return ask.reply.get()
 
     def _drain(self) -> None:
-        self._starting = False
-        try:
-            # No switch between the last look at _asks and the count going
-            # down, so an ask is never left with no sender.
-            while self._asks:
-                asks, self._asks = self._asks, []
-                try:
-                    self._commit(asks)
-                except Exception as exc:
-                    # A bug here must not leave pollers waiting for ever: each
-                    # ask still unanswered hears of it, and the next batch goes on.
-                    for ask in asks:
-                        if not ask.reply.ready():
-                            ask.reply.set_exception(exc)
-                    log.exception("group commit failed")
-        finally:
-            self._sending -= 1
+        # No switch between the last look at _asks and this greenlet's end, so
+        # an ask is never left with no sender.
+        while self._asks:
+            asks, self._asks = self._asks, []
+            try:
+                self._commit(asks)
+            except Exception as exc:
+                # A bug here must not leave pollers waiting for ever: each
+                # ask still unanswered hears of it, and the next batch goes on.
+                for ask in asks:
+                    if not ask.reply.ready():
+                        ask.reply.set_exception(exc)
+                log.exception("group commit failed")
 
     def _commit(self, asks: list[_Ask]) -> None:
         try:

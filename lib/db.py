@@ -205,7 +205,7 @@ class Tx(_Runner):
 
 
 class _Reserved(_Runner):
-    """The pool's reserved connections (lib.commit's batches)."""
+    """The pool's reserved connection: one user at a time (lib.commit)."""
 
     def __init__(self, db: DB) -> None:
         self.db = db
@@ -225,7 +225,7 @@ class DB(_Runner):
 
     Connections open when needed and close once idle for idle_timeout, so an
     idle worker holds next to none, and a busy one as many as it uses at once
-    (at most size, plus those reserved for the outcome writes)."""
+    (at most size, plus the one reserved for the outcome writes)."""
 
     def __init__(
         self,
@@ -235,7 +235,6 @@ class DB(_Runner):
         checkout_timeout: float = 30.0,
         ping_after: float = 300.0,
         idle_timeout: float = 60.0,
-        reserved: int = 2,
         connect_timeout: int = 5,
         application_name: str = "jobs",
         prepare: bool = True,
@@ -256,10 +255,9 @@ class DB(_Runner):
         # connections on the left are the ones that have been idle longest.
         self._idle: deque[_Pooled] = deque()
         self._slots = threading.Semaphore(size)
-        # Connections beyond size, only for DB.reserved: the group commit's
-        # writes never wait behind handlers that hold every other connection.
-        self.reserved_size = reserved
-        self._reserve = threading.Semaphore(reserved)
+        # One more connection, only for DB.reserved: the group commit's writes
+        # never wait behind handlers that hold every other connection.
+        self._reserve = threading.Semaphore(1)
         self._closed = False
         self.in_use = 0  # connections checked out now (for /metrics)
         self.reserved = _Reserved(self)
