@@ -400,8 +400,10 @@ def _read_insert(tokens: list[_Token], start: int, file: str, warnings: list[str
         warnings.append(f"{where}: INSERT INTO jobs neither VALUES nor SELECT; not checked")
         return []
     # A statement that takes parameters gets its pair from its Python caller,
-    # which is what the check reads (lib.insert's own queries are such).
-    parameterized = any(t.kind == "param" for t in tokens[start:])
+    # which is what the check reads (lib.insert's own queries are such). So
+    # does a function's, whose arguments are named p_* (migration 015's
+    # jobs_insert, called by lib.insert's queries).
+    parameterized = any(t.kind == "param" or t.word.startswith("p_") for t in tokens[start:])
     writers = []
     for row in rows:
         if len(row) != len(names):

@@ -2,23 +2,14 @@
 -- line and a one-line comment that says what it is for.
 
 -- name: job_insert
--- Enqueue one job; a unique index (dedupe) may suppress it, and then no id comes back.
-INSERT INTO jobs (queue, name, args, callsite, run_at, priority, max_attempts)
-VALUES (%(queue)s, %(name)s, %(args)s::jsonb, %(callsite)s,
-        coalesce(%(run_at)s::timestamptz, now()), %(priority)s, %(max_attempts)s)
-ON CONFLICT DO NOTHING
-RETURNING id
+-- Enqueue one job: jobs_insert (migration 015); NULL when a unique index (dedupe) suppressed it.
+SELECT jobs_insert(%(queue)s::text, %(name)s::text, %(args)s::jsonb, %(callsite)s::text,
+                   %(run_at)s::timestamptz, %(priority)s::int, %(max_attempts)s::int)
 
 -- name: job_insert_many
--- Enqueue a list of jobs in one statement; suppressed duplicates return no id.
-INSERT INTO jobs (queue, name, args, callsite, run_at, priority, max_attempts)
-SELECT queue, name, args::jsonb, %(callsite)s, coalesce(run_at, now()), priority, max_attempts
-FROM unnest(%(queues)s::text[], %(names)s::text[], %(args)s::text[],
-            %(run_ats)s::timestamptz[], %(priorities)s::int[], %(max_attempts)s::int[])
-  WITH ORDINALITY AS j(queue, name, args, run_at, priority, max_attempts, n)
-ORDER BY n
-ON CONFLICT DO NOTHING
-RETURNING id
+-- Enqueue a list of jobs in one statement, each column a JSON array in the order given: jobs_insert_many (migration 015); suppressed duplicates return no id.
+SELECT id FROM jobs_insert_many(%(callsite)s::text, %(queues)s::jsonb, %(names)s::jsonb, %(args)s::jsonb,
+                                %(run_ats)s::jsonb, %(priorities)s::jsonb, %(max_attempts)s::jsonb) AS id
 
 -- name: job_claim
 -- Claim the queue's next due job (or the one asked for) for one slot: a batch of one claim (jobs_step, migration 016), in job_claimed_by's columns. With nothing claimed, one row of NULLs whose wait says how long until the queue may have work.

@@ -1,5 +1,6 @@
 from datetime import UTC, datetime, timedelta
 
+import psycopg2.errors
 import pytest
 from tests_support import count_jobs, run_python
 
@@ -48,6 +49,56 @@ def test_dedupe_applies_to_every_writer(db, dedupe_q):
     db.exec("INSERT INTO jobs (queue, name, args) VALUES ('d', 'd.Once', '{\"k\": 3}') ON CONFLICT DO NOTHING")
     db.exec("INSERT INTO jobs (queue, name, args) VALUES ('d', 'd.Once', '{\"k\": 3}') ON CONFLICT DO NOTHING")
     assert count_jobs(db) == 3
+
+
+def test_a_writer_cannot_name_a_rows_dedupe(db, dedupe_q):
+    """The database decides which rows dedupe, whatever a writer puts in the
+    column: a value that disagrees with the declared names is refused whole."""
+    for name, dedupe in (("d.Once", False), ("d.Many", True)):
+        with pytest.raises(
+            psycopg2.errors.CheckViolation, match=rf"dedupe of \(d, {name}\) must be {str(not dedupe).lower()}"
+        ):
+            db.exec(
+                "INSERT INTO jobs (queue, name, dedupe) VALUES ('d', 'd.Many', false), ('d', %s, %s)", (name, dedupe)
+            )
+    assert count_jobs(db) == 0
+    db.exec("INSERT INTO jobs (queue, name, dedupe) VALUES ('d', 'd.Once', true), ('d', 'd.Many', false)")
+    db.exec(
+        """INSERT INTO jobs (queue, name, args, dedupe) VALUES ('d', 'd.Once', '{"n": 2}', DEFAULT), ('d', 'd.Many', '{}', DEFAULT)"""
+    )
+    assert db.query("SELECT name, dedupe FROM jobs ORDER BY id") == [
+        ("d.Once", True),
+        ("d.Many", False),
+        ("d.Once", True),
+        ("d.Many", False),
+    ]
+
+
+def test_insert_reads_dedupe_without_a_call_per_row(db, dedupe_q):
+    """lib.insert names each row's dedupe in its own statement: the per-row
+    trigger (a PL/pgSQL call a row) is left to writers that leave it out."""
+    jobs = [Job("d", name, {"k": i % 300}) for i in range(1000) for name in ("d.Once", "d.Many")][:1000]
+
+    def set_dedupe_calls(tx) -> int:
+        (calls,) = tx.query_row(
+            "SELECT coalesce(sum(f.calls), 0) FROM pg_stat_xact_user_functions f WHERE f.funcname = 'jobs_set_dedupe'"
+        )
+        return calls
+
+    with db.transaction() as tx:
+        tx.exec("SET LOCAL track_functions = 'pl'")
+        ids = insert_many(tx, jobs)
+        insert(tx, "d", "d.Once", {"k": 1000})
+        assert set_dedupe_calls(tx) == 0
+        tx.exec(
+            "INSERT INTO jobs (queue, name, args) SELECT 'd', 'd.Once', '{}' FROM generate_series(1, 3) ON CONFLICT DO NOTHING"
+        )
+        assert set_dedupe_calls(tx) == 3
+    # 300 distinct d.Once args in the 500 d.Once rows; every d.Many row; the
+    # single insert; one of the three identical plain-SQL rows.
+    assert len(ids) == 300 + 500
+    assert count_jobs(db, "name = 'd.Once' AND dedupe") == 302
+    assert count_jobs(db, "name = 'd.Many' AND NOT dedupe") == 500
 
 
 def test_dedupe_must_name_handled_jobs(db):
@@ -131,3 +182,12 @@ def test_idle_poller_learns_when_its_next_delayed_job_is_due(db):
     insert(db, "r", "r.N", run_at=datetime.now(UTC) + timedelta(seconds=90))
     job, wait = poller._claim(None, 0)
     assert job is None and 80 < wait <= 90
+
+
+def test_a_bulk_load_with_triggers_off_still_gets_dedupe(db, dedupe_q):
+    """A session that turns triggers off (session_replication_role = replica)
+    and leaves dedupe out gets it filled in all the same, not a NULL refused."""
+    with db.transaction() as tx:
+        tx.exec("SET LOCAL session_replication_role = replica")
+        tx.exec("INSERT INTO jobs (queue, name, args) VALUES ('d', 'd.Once', '{}'), ('d', 'd.Many', '{}')")
+    assert db.query("SELECT name, dedupe FROM jobs ORDER BY id") == [("d.Once", True), ("d.Many", False)]

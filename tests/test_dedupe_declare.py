@@ -210,11 +210,13 @@ def migrated_to(url: str, version: int, tmp_path) -> DB:
 def test_the_upgrade_dedupes_rows_that_slipped_past_a_name_turned_off(empty_database, tmp_path):
     db = migrated_to(empty_database, 8, tmp_path)
     try:
+        # Written as lib.insert wrote them then (its functions came in 015).
+        write = """INSERT INTO jobs (queue, name, args) VALUES ('dd', 'dd.A', '{"n": 1}') ON CONFLICT DO NOTHING RETURNING id"""
         db.exec("INSERT INTO job_dedupe_names VALUES ('dd', 'dd.A')")
-        kept = insert(db, "dd", "dd.A", {"n": 1})
+        (kept,) = db.query_row(write)
         # Another process's declaration had deleted the name for a while.
         db.exec("DELETE FROM job_dedupe_names")
-        slipped = insert(db, "dd", "dd.A", {"n": 1})
+        (slipped,) = db.query_row(write)
         db.exec("INSERT INTO job_dedupe_names VALUES ('dd', 'dd.A')")
         assert "009_dedupe_clock_entries" in migrate(db)
         assert db.query("SELECT id, status, dedupe FROM jobs ORDER BY id") == [
@@ -223,3 +225,26 @@ def test_the_upgrade_dedupes_rows_that_slipped_past_a_name_turned_off(empty_data
         ]
     finally:
         db.close()
+
+
+def test_an_insert_that_waited_for_a_declaration_dedupes_under_it(db, database_url):
+    # The declaration holds jobs locked while an insert through the project's
+    # DB (run as EXECUTE of a prepared statement) waits: once in, the insert
+    # must read the name it waited for, not a snapshot from before.
+    declarer = psycopg2.connect(database_url)
+    inserter = DB.connect(database_url, size=1, application_name="jobs-test-inserter")
+    try:
+        insert(inserter, "dd", "dd.B", {"n": 0})  # prepared, as a worker's connection has it
+        with declarer.cursor() as cur:
+            cur.execute("SELECT jobs_dedupe_declare('dd', ARRAY['dd.A'])")
+        inserting = gevent.spawn(insert, inserter, "dd", "dd.A", {"n": 1}, callsite="test")
+        wait_for(lambda: inserting.dead or waiting_on_a_lock(db, "jobs-test-inserter"))
+        waited = not inserting.dead
+        declarer.commit()
+        job_id = inserting.get(timeout=30)
+    finally:
+        declarer.close()
+        inserter.close()
+    assert db.query_row("SELECT status, dedupe FROM jobs WHERE id = %s", (job_id,)) == ("pending", True)
+    assert insert(db, "dd", "dd.A", {"n": 1}) is None
+    assert waited

@@ -1,6 +1,7 @@
 import json
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo
 
 import psycopg2
 import pytest
@@ -8,6 +9,7 @@ from tests_support import count_jobs, run_python
 
 from lib.insert import MAX_ARGS_BYTES, InvalidJob, Job, insert, insert_many
 from lib.poller import Poller
+from lib.sql import Q
 
 
 def test_rolled_back_transaction_leaves_no_job(db, database_url):
@@ -140,6 +142,29 @@ def test_insert_many_in_one_statement(db, database_url):
     assert [r[5] for r in rows] == [False, True, False]
     assert all(r[6].startswith("tests/test_insert.py:") for r in rows)
     assert insert_many(db, []) == []
+
+
+def test_insert_many_keeps_each_jobs_fields_and_order(db):
+    """Ids come back in the order given, a suppressed duplicate left out, each
+    naming the row built from its own job, whatever the mix of fields."""
+    db.exec(Q.dedupe_declare, {"queue": "dq", "names": ["dq.Once"]})
+    later = datetime(2031, 5, 6, 7, 8, 9, 123456, tzinfo=ZoneInfo("Asia/Kolkata"))
+    jobs = [
+        Job("dq", "dq.Once", {"k": 1}),
+        Job("qé", "q.Ünï", {"s": 'naïve "quoted" \\ back\nline', "n": [1, 2.5, None, True]}, priority=-3),
+        Job("dq", "dq.Once", {"k": 1}),  # a copy of the first: no id
+        Job("q", "q.Late", run_at=later, max_attempts=4, priority=2**31 - 1),
+        Job("dq", "dq.Once", {"k": 2}),
+    ]
+    ids = insert_many(db, jobs)
+    assert len(ids) == 4 and ids == sorted(ids)
+    rows = db.query("SELECT id, queue, name, args, run_at, priority, max_attempts, dedupe FROM jobs ORDER BY id")
+    written = [jobs[0], jobs[1], jobs[3], jobs[4]]
+    assert rows == [
+        (i, j.queue, j.name, j.args or {}, j.run_at or r[4], j.priority, j.max_attempts, j.queue == "dq")
+        for i, j, r in zip(ids, written, rows, strict=True)
+    ]
+    assert rows[2][4] == later
 
 
 def test_insert_many_with_psycopg3(db, database_url):

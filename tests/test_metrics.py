@@ -223,11 +223,12 @@ def test_the_scrape_query_stays_on_indexes_with_a_million_finished_rows(db, data
     million rows take most of this test's 6 s): it reads failures only."""
     with db.connection() as conn, conn.cursor() as cur:
         # No per-row triggers (the wakeup notify): not what this test is about, and they triple the insert time.
+        # dedupe is named: the trigger that fills it in when left out runs even here (migration 015).
         cur.execute("SET session_replication_role = replica")
         cur.execute(
-            "INSERT INTO jobs (queue, name, status, finished_at, attempts) "
+            "INSERT INTO jobs (queue, name, status, finished_at, attempts, dedupe) "
             "SELECT 'q' || (i % 20), 'q.N', CASE WHEN i % 10 = 0 THEN 'err: x' ELSE 'ok' END, "
-            "now() - interval '2 days' - i * interval '1 second', 1 "
+            "now() - interval '2 days' - i * interval '1 second', 1, false "
             "FROM generate_series(1, 1000000) AS i"
         )
         cur.execute("SET session_replication_role = DEFAULT")
