@@ -18,7 +18,7 @@ from pathlib import Path  # noqa: E402
 import gevent  # noqa: E402
 from gevent.event import Event  # noqa: E402
 
-from lib import blocked, embedded, errors, httpd, logs, queue_state, registry_check, stats, workers  # noqa: E402
+from lib import blocked, errors, httpd, logs, queue_state, stats, workers  # noqa: E402
 from lib.clock import Clock, Scheduled  # noqa: E402
 from lib.db import DB, is_conn_failure  # noqa: E402
 from lib.errors import Outage  # noqa: E402
@@ -54,9 +54,11 @@ def main(registry: Registry, argv: Sequence[str] | None = None, schedule: Sequen
     logs.setup(settings.log_level, settings.log_format, errors.secrets_from_env())
     errors.init()
     if args.command == "check":
+        from lib import registry_check
+
         # Needs no database: it reads the code, the SQL files and the schedule.
         return registry_check.main(list(registry), list(schedule), Path(__file__).resolve().parent, args.paths)
-    url = settings.database_url or embedded.database_url()
+    url = settings.database_url or _embedded_url()
     if args.command == "db-url":
         from lib import commands
 
@@ -78,6 +80,13 @@ def main(registry: Registry, argv: Sequence[str] | None = None, schedule: Sequen
         return _operate(db, args, registry)
     finally:
         db.close()
+
+
+def _embedded_url() -> str:
+    # Imported here: a worker given DATABASE_URL never loads lib.embedded.
+    from lib import embedded
+
+    return embedded.database_url()
 
 
 def _connect(url: str, size: int) -> DB:
@@ -254,9 +263,9 @@ def _json_object(text: str) -> dict:
 
 def _operate(db: DB, args: argparse.Namespace, registry: Registry) -> int:
     """The operator's commands; each prints what it did (lib/commands.py)."""
-    # Imported here: a worker that only runs never loads them (tqdm and the
-    # tables' code are memory it would hold for nothing).
-    from lib import commands
+    # Imported here: a worker that only runs never loads them (tqdm, the
+    # tables' code and the registry check are memory it would hold for nothing).
+    from lib import commands, registry_check
 
     out, err = sys.stdout, sys.stderr
     if args.command in ("pause", "resume", "redrive", "retry") and args.queue is not None:
@@ -309,9 +318,9 @@ def run(
     supervisor = supervisor or Supervisor(stop)
     # One report for an outage of the database, not one per queue or part.
     outage = Outage("database")
-    pollers = _start_pollers(db, registry)
+    pollers, registered = _start_pollers(db, registry)
     # Before any part starts: a start-up report, not a step in their timing.
-    _say_unrun(db, registry)
+    _say_unrun(db, registered)
     leases = Leases(db, lease=lease, legacy_age=max((p.job_timeout for p in pollers), default=600.0) + 60)
     leases.outage = outage
     leases.seen = workers.register(db, leases.worker_id, [p.queue for p in pollers], leases.lease)
@@ -372,11 +381,11 @@ def run(
     return 0
 
 
-def _say_unrun(db: DB, registry: Registry) -> None:
+def _say_unrun(db: DB, registered: Sequence[str]) -> None:
     """Once at start: rows of a queue that no registered queue is (a typo in
     an enqueue, a queue taken out) wait for ever, and only this line says so."""
     try:
-        unrun = stats.unrun_queues(db, registry_check.handled(registry, []))
+        unrun = stats.unrun_queues(db, registered)
     except Exception as exc:  # a report, not a reason to stop the worker
         log.warning("could not look for queues no worker runs: %s", exc)
         return
@@ -397,13 +406,16 @@ def _router(pollers: Sequence[Poller]) -> Callable[[str], None]:
     return lambda queue: _wake(by_queue.get(queue, ()))
 
 
-def _start_pollers(db: DB, registry: Registry) -> list[Poller]:
+def _start_pollers(db: DB, registry: Registry) -> tuple[list[Poller], list[str]]:
     """Build the pollers; say once which queues are off and why, declare the
     job names that dedupe, and end the pauses a rejected token caused (this
-    start may be the one after the token was fixed)."""
-    pollers = []
+    start may be the one after the token was fixed). The pollers that run,
+    and every registered queue, the off ones too: their rows wait for a
+    token, not for a queue that does not exist."""
+    pollers, registered = [], []
     for make in registry:
         poller = make(db)
+        registered.append(poller.queue)
         if poller.off:
             log.warning("queue=%s is off: %s", poller.queue, poller.off)
             continue
@@ -416,7 +428,7 @@ def _start_pollers(db: DB, registry: Registry) -> list[Poller]:
         if resume(db, poller.queue, prefix=AUTH_PREFIX):
             log.info("queue=%s auth pause ended at start", poller.queue)
         pollers.append(poller)
-    return pollers
+    return pollers, registered
 
 
 if __name__ == "__main__":
