@@ -2,23 +2,21 @@ from gevent import monkey
 
 monkey.patch_all()  # first: every later import must see the cooperative stdlib
 
-import argparse  # noqa: E402
-import json  # noqa: E402
 import logging  # noqa: E402
-import math  # noqa: E402
 import os  # noqa: E402
-import re  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
 from collections.abc import Callable, Sequence  # noqa: E402
 from datetime import UTC, datetime, timedelta  # noqa: E402
 from functools import partial  # noqa: E402
 from pathlib import Path  # noqa: E402
+from types import SimpleNamespace  # noqa: E402
+from typing import TYPE_CHECKING  # noqa: E402
 
 import gevent  # noqa: E402
 from gevent.event import Event  # noqa: E402
 
-from lib import blocked, embedded, errors, httpd, logs, queue_state, registry_check, stats, workers  # noqa: E402
+from lib import blocked, errors, httpd, logs, queue_state, stats, workers  # noqa: E402
 from lib.clock import Clock, Scheduled  # noqa: E402
 from lib.db import DB, is_conn_failure  # noqa: E402
 from lib.errors import Outage  # noqa: E402
@@ -30,6 +28,9 @@ from lib.settings import DEFAULT_LEASE_SECONDS, DEFAULT_SHUTDOWN_WINDOW, Setting
 from lib.sql import Q  # noqa: E402
 from lib.supervise import Supervisor  # noqa: E402
 from lib.wakeups import Listener  # noqa: E402
+
+if TYPE_CHECKING:
+    from argparse import Namespace
 
 log = logging.getLogger("jobs.worker")
 
@@ -49,14 +50,16 @@ def main(registry: Registry, argv: Sequence[str] | None = None, schedule: Sequen
         # Before logging and Sentry are set up: a bad setting is the operator's to fix, not an event.
         print(f"worker: {exc}", file=sys.stderr)
         return 2
-    args = _parser(settings).parse_args(argv)
+    args = _args(settings, sys.argv[1:] if argv is None else argv)
     # Every line is masked of the configured secrets: a fault's message may quote one.
     logs.setup(settings.log_level, settings.log_format, errors.secrets_from_env())
     errors.init()
     if args.command == "check":
+        from lib import registry_check
+
         # Needs no database: it reads the code, the SQL files and the schedule.
         return registry_check.main(list(registry), list(schedule), Path(__file__).resolve().parent, args.paths)
-    url = settings.database_url or embedded.database_url()
+    url = settings.database_url or _embedded_url()
     if args.command == "db-url":
         from lib import commands
 
@@ -80,6 +83,24 @@ def main(registry: Registry, argv: Sequence[str] | None = None, schedule: Sequen
         db.close()
 
 
+def _args(settings: Settings, argv: Sequence[str]) -> "Namespace | SimpleNamespace":
+    """The command and its arguments. `python worker.py` alone runs the
+    worker with the settings' shutdown window: what the parser would say
+    (a test holds the two together), without loading it."""
+    if not argv:
+        return SimpleNamespace(command=None, shutdown_window=settings.shutdown_window)
+    from lib import cli
+
+    return cli.make_parser(settings).parse_args(argv)
+
+
+def _embedded_url() -> str:
+    # Imported here: a worker given DATABASE_URL never loads lib.embedded.
+    from lib import embedded
+
+    return embedded.database_url()
+
+
 def _connect(url: str, size: int) -> DB:
     """The pool, once the database answers: a worker started while it is down
     (a host reboot, say) waits for it instead of dying, and reports once."""
@@ -99,164 +120,11 @@ def _connect(url: str, size: int) -> DB:
         return db
 
 
-def _parser(settings: Settings) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description="The jobs worker, and the commands to operate it.")
-    window = "seconds running jobs get to finish after SIGTERM (default %(default)s, or JOBS_SHUTDOWN_WINDOW)"
-    parser.add_argument("--shutdown-window", type=_seconds, default=settings.shutdown_window, help=window)
-    commands = parser.add_subparsers(dest="command", metavar="command")
-    run_ = commands.add_parser("run", help="run the worker (the default)")
-    # Also after "run", where a reader of `run --help` looks for it; SUPPRESS
-    # keeps a value given before "run" from being reset to the default.
-    run_.add_argument("--shutdown-window", type=_seconds, default=argparse.SUPPRESS, help=window)
-    commands.add_parser("migrate", help="apply the migrations not yet applied, and exit")
-    check_ = commands.add_parser("check", help="fail when a job is written that no worker handles")
-    check_.add_argument(
-        "paths", nargs="*", type=_existing, metavar="PATH", help="also scan these files or folders (your own code)"
-    )
-    pause_ = commands.add_parser("pause", help="pause a queue for every worker")
-    pause_.add_argument("queue", type=_text)
-    pause_.add_argument("--reason", required=True, type=_text, help="why, for the operators who find it paused")
-    pause_.add_argument("--minutes", type=_minutes, help="end the pause by itself after this long (default: never)")
-    resume_ = commands.add_parser("resume", help="end a queue's pause")
-    resume_.add_argument("queue", type=_text)
-    redrive_ = commands.add_parser("redrive", aliases=["retry"], help="give failed (err:) jobs another attempt")
-    redrive_.add_argument("--queue", type=_text)
-    redrive_.add_argument("--name", type=_text)
-    redrive_.add_argument("--id", type=_job_id, nargs="+", action="extend", dest="ids", metavar="ID")
-    redrive_.add_argument("--since", type=_duration, help="only jobs that failed within this long (30m, 1h, 2d)")
-    redrive_.add_argument("--dry-run", action="store_true", help="say what would be done, change nothing")
-    status_ = commands.add_parser("status", help="every queue and every worker, as the table shows them now")
-    failed_ = commands.add_parser("failed", help="failed (err:) jobs, newest first (never their args)")
-    failed_.add_argument("--queue", type=_text)
-    failed_.add_argument("--name", type=_text)
-    failed_.add_argument("--since", type=_duration, help="only jobs that failed within this long (30m, 1h, 2d)")
-    failed_.add_argument("--limit", type=_limit, default=50, help="at most this many (default %(default)s)")
-    show_ = commands.add_parser("show", help="one job in full, its args included")
-    show_.add_argument("id", type=_job_id)
-    enqueue_ = commands.add_parser("enqueue", help="enqueue one job (its callsite is recorded as cli)")
-    enqueue_.add_argument("queue", type=_text)
-    enqueue_.add_argument("name", type=_text)
-    enqueue_.add_argument("args", type=_json_object, nargs="?", help="a JSON object (default {})")
-    enqueue_.add_argument("--run-at", type=_instant, help="not before this ISO time with a zone (2026-05-01T14:00Z)")
-    enqueue_.add_argument("--priority", type=_priority, default=0, help="higher runs first (default 0)")
-    cancel_ = commands.add_parser("cancel", help="end pending jobs as cancelled; others are left alone and named")
-    cancel_.add_argument("ids", type=_job_id, nargs="+", metavar="ID")
-    db_url = commands.add_parser("db-url", help="the URL of the database the worker uses, password masked")
-    for command in (redrive_, status_, failed_, show_, enqueue_, cancel_, db_url):
-        command.add_argument("--json", action="store_true", help="print JSON, for scripts")
-    return parser
-
-
-# Argument types: a bad value is one line from argparse and exit code 2.
-
-
-def _seconds(text: str) -> float:
-    value = _number(text)
-    if not 0 <= value <= 86400:
-        raise argparse.ArgumentTypeError(f"seconds from 0 to 86400, got {text!r}")
-    return value
-
-
-def _minutes(text: str) -> float:
-    value = _number(text)
-    # A pause of no time, or one already over, is a slip: "until resumed" is the default.
-    if not 0 < value <= 525600:
-        raise argparse.ArgumentTypeError(f"minutes above 0, at most a year (525600), got {text!r}")
-    return value
-
-
-def _number(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"a number, got {text!r}") from None
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"a finite number, got {text!r}")
-    return value
-
-
-def _job_id(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"a job id (a whole number), got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"a job id is at least 1, got {text!r}")
-    return value
-
-
-def _existing(text: str) -> Path:
-    path = Path(text)
-    if not path.exists():
-        raise argparse.ArgumentTypeError(f"no such file or folder: {text!r}")
-    return path.resolve()
-
-
-def _text(text: str) -> str:
-    if not text.strip() or not text.isprintable():
-        raise argparse.ArgumentTypeError(f"a non-empty text of printable characters, got {text!r}")
-    return text
-
-
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-def _duration(text: str) -> float:
-    match = _DURATION.fullmatch(text.strip())
-    seconds = float(match[1]) * _UNITS[match[2]] if match else 0.0
-    # Bounded so the database's interval arithmetic cannot overflow on a slip.
-    if not 0 < seconds <= 36500 * 86400:
-        raise argparse.ArgumentTypeError(f"a duration like 30m, 1h or 2d (at most 36500d), got {text!r}")
-    return seconds
-
-
-def _limit(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if not 1 <= value <= 10000:
-        raise argparse.ArgumentTypeError(f"a whole number from 1 to 10000, got {text!r}")
-    return value
-
-
-def _priority(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"a whole number, got {text!r}") from None
-    if not -(2**31) <= value < 2**31:  # the column is an int
-        raise argparse.ArgumentTypeError(f"a priority within a 32-bit integer, got {text!r}")
-    return value
-
-
-def _instant(text: str) -> datetime:
-    try:
-        value = datetime.fromisoformat(text)
-    except ValueError:
-        value = None
-    # A time without a zone would mean whatever the host's zone is: refused, as lib.insert refuses it.
-    if value is None or value.tzinfo is None:
-        raise argparse.ArgumentTypeError(f"an ISO time with a zone, like 2026-05-01T14:00:00Z, got {text!r}")
-    return value
-
-
-def _json_object(text: str) -> dict:
-    try:
-        value = json.loads(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"a JSON object, got {text!r} ({exc})") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"a JSON object, got {type(value).__name__} {text!r}")
-    return value
-
-
-def _operate(db: DB, args: argparse.Namespace, registry: Registry) -> int:
+def _operate(db: DB, args: "Namespace | SimpleNamespace", registry: Registry) -> int:
     """The operator's commands; each prints what it did (lib/commands.py)."""
-    # Imported here: a worker that only runs never loads them (tqdm and the
-    # tables' code are memory it would hold for nothing).
-    from lib import commands
+    # Imported here: a worker that only runs never loads them (tqdm, the
+    # tables' code and the registry check are memory it would hold for nothing).
+    from lib import commands, registry_check
 
     out, err = sys.stdout, sys.stderr
     if args.command in ("pause", "resume", "redrive", "retry") and args.queue is not None:
@@ -309,9 +177,9 @@ def run(
     supervisor = supervisor or Supervisor(stop)
     # One report for an outage of the database, not one per queue or part.
     outage = Outage("database")
-    pollers = _start_pollers(db, registry)
+    pollers, registered = _start_pollers(db, registry)
     # Before any part starts: a start-up report, not a step in their timing.
-    _say_unrun(db, registry)
+    _say_unrun(db, registered)
     leases = Leases(db, lease=lease, legacy_age=max((p.job_timeout for p in pollers), default=600.0) + 60)
     leases.outage = outage
     leases.seen = workers.register(db, leases.worker_id, [p.queue for p in pollers], leases.lease)
@@ -372,11 +240,11 @@ def run(
     return 0
 
 
-def _say_unrun(db: DB, registry: Registry) -> None:
+def _say_unrun(db: DB, registered: Sequence[str]) -> None:
     """Once at start: rows of a queue that no registered queue is (a typo in
     an enqueue, a queue taken out) wait for ever, and only this line says so."""
     try:
-        unrun = stats.unrun_queues(db, registry_check.handled(registry, []))
+        unrun = stats.unrun_queues(db, registered)
     except Exception as exc:  # a report, not a reason to stop the worker
         log.warning("could not look for queues no worker runs: %s", exc)
         return
@@ -397,13 +265,16 @@ def _router(pollers: Sequence[Poller]) -> Callable[[str], None]:
     return lambda queue: _wake(by_queue.get(queue, ()))
 
 
-def _start_pollers(db: DB, registry: Registry) -> list[Poller]:
+def _start_pollers(db: DB, registry: Registry) -> tuple[list[Poller], list[str]]:
     """Build the pollers; say once which queues are off and why, declare the
     job names that dedupe, and end the pauses a rejected token caused (this
-    start may be the one after the token was fixed)."""
-    pollers = []
+    start may be the one after the token was fixed). The pollers that run,
+    and every registered queue, the off ones too: their rows wait for a
+    token, not for a queue that does not exist."""
+    pollers, registered = [], []
     for make in registry:
         poller = make(db)
+        registered.append(poller.queue)
         if poller.off:
             log.warning("queue=%s is off: %s", poller.queue, poller.off)
             continue
@@ -416,7 +287,7 @@ def _start_pollers(db: DB, registry: Registry) -> list[Poller]:
         if resume(db, poller.queue, prefix=AUTH_PREFIX):
             log.info("queue=%s auth pause ended at start", poller.queue)
         pollers.append(poller)
-    return pollers
+    return pollers, registered
 
 
 if __name__ == "__main__":

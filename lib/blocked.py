@@ -10,13 +10,12 @@ The leases of running jobs are renewed from a thread of their own meanwhile
 from __future__ import annotations
 
 import logging
-import warnings
 import weakref
 from typing import Any
 
 import gevent
 import gevent.events
-from gevent._monitor import MonitorWarning
+from gevent._monitor import PeriodicMonitoringThread
 
 from lib.errors import capture_message
 
@@ -33,10 +32,16 @@ def watch(after: float) -> None:
     gevent.config.print_blocking_reports = False
     if _on_blocked not in gevent.events.subscribers:
         gevent.events.subscribers.append(_on_blocked)
-    with warnings.catch_warnings():
-        # Memory monitoring needs psutil; only the blocking check is wanted.
-        warnings.simplefilter("ignore", MonitorWarning)
-        gevent.get_hub().start_periodic_monitoring_thread()
+    hub = gevent.get_hub()
+    if hub.periodic_monitoring_thread is None:
+        # What hub.start_periodic_monitoring_thread() does, less its memory
+        # monitor: only the blocking check is wanted, and that monitor imports
+        # psutil (about 0.5 MB resident for good) to enforce
+        # gevent.config.max_memory_usage, which this worker never sets.
+        hub.periodic_monitoring_thread = PeriodicMonitoringThread(hub)
+        gevent.events.notify_and_call_entry_points(
+            gevent.events.PeriodicMonitorThreadStartedEvent(hub.periodic_monitoring_thread)
+        )
 
 
 def _on_blocked(event: object) -> None:

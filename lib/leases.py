@@ -14,7 +14,6 @@ import math
 import os
 import socket
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -44,8 +43,9 @@ _start_thread = gevent.monkey.get_original("_thread", "start_new_thread")
 def new_worker_id() -> str:
     """One identity per worker start, written on each row it claims. Made when
     the worker starts, not at import, so processes forked from one parent
-    never share one."""
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    never share one. The random part is os.urandom's, as uuid4's would be
+    (the uuid module is memory the worker would keep for these 8 digits)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{os.urandom(4).hex()}"
 
 
 class LeaseLost(BaseException):

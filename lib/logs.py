@@ -14,8 +14,6 @@ import logging
 import re
 from collections.abc import Iterable
 
-from pythonjsonlogger.json import JsonFormatter
-
 from lib.redact import scrubber
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
@@ -43,6 +41,9 @@ class OneLineFormatter(logging.Formatter):
 def json_formatter() -> logging.Formatter:
     """One JSON object per event: time (ISO, UTC), level, logger, message, any
     extra fields, and a traceback as exc_info."""
+    # Imported here: a worker that logs text never loads python-json-logger.
+    from pythonjsonlogger.json import JsonFormatter
+
     return JsonFormatter(
         "{levelname}{name}{message}",
         style="{",

@@ -19,10 +19,11 @@ from tests_support import ROOT
 
 import worker
 from lib import commands, embedded, stats, workers
+from lib.cli import make_parser
 from lib.insert import insert
 from lib.queue_state import pause
 from lib.registry_check import handled
-from lib.settings import masked_dsn
+from lib.settings import Settings, masked_dsn
 from queues import REGISTRY
 
 SECRET_ARG = "args-are-private-4711"
@@ -245,6 +246,13 @@ class _Terminal(io.StringIO):
         return True
 
 
+@pytest.mark.parametrize("env", [{}, {"JOBS_SHUTDOWN_WINDOW": "7"}])
+def test_no_arguments_run_the_worker_as_the_parser_would_say(env):
+    # worker.py alone skips the parser (memory an idle worker would keep): the same answer.
+    settings = Settings.from_env(env)
+    assert vars(worker._args(settings, [])) == vars(make_parser(settings).parse_args([]))
+
+
 def test_a_long_redrive_shows_progress_on_a_terminal_only(db):
     n = commands.REDRIVE_BATCH * 2 + 10
     db.exec(
@@ -252,7 +260,7 @@ def test_a_long_redrive_shows_progress_on_a_terminal_only(db):
         "SELECT 'caches', 'caches.Age', jsonb_build_object('n', i), 'err: boom', 1, now() FROM generate_series(1, %s) i",
         (n,),
     )
-    args = worker._parser(worker.Settings()).parse_args(["redrive", "--queue", "caches", "--dry-run"])
+    args = make_parser(Settings()).parse_args(["redrive", "--queue", "caches", "--dry-run"])
     terminal, pipe = _Terminal(), io.StringIO()
     assert commands.redrive_failed(db, args, terminal, io.StringIO()) == 0
     assert commands.redrive_failed(db, args, pipe, io.StringIO()) == 0
@@ -260,7 +268,7 @@ def test_a_long_redrive_shows_progress_on_a_terminal_only(db):
     assert pipe.getvalue().startswith(f"would redrive {n} jobs: 1, 2, ")
     assert f", and {n - commands.LISTED_IDS} more\n" in pipe.getvalue()
     assert "\r" not in pipe.getvalue()
-    args = worker._parser(worker.Settings()).parse_args(["redrive", "--queue", "caches"])
+    args = make_parser(Settings()).parse_args(["redrive", "--queue", "caches"])
     assert commands.redrive_failed(db, args, terminal, io.StringIO()) == 0
     assert db.query_row("SELECT count(*) FROM jobs WHERE status = 'pending'") == (n,)
 

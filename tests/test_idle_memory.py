@@ -1,6 +1,11 @@
 """What an idle worker keeps in memory: a worker without SENTRY_DSN, API
 tokens or JOBS_ADMIN_TOKEN never loads the libraries only those need
-(sentry-sdk, requests and urllib3, Jinja2), nor the operator's commands."""
+(sentry-sdk, requests and urllib3, Jinja2), nor the operator's commands. Nor,
+with DATABASE_URL set and text logs, what only other settings or commands need
+(the embedded server's code, the JSON log formatter, the registry check, the
+command line's parser when there are no arguments), nor
+what gevent would load for work this worker never asks of it (psutil for a
+memory limit, the thread pool for a name lookup)."""
 
 import socket
 
@@ -22,8 +27,12 @@ from queues import REGISTRY
 from queues.schedule import SCHEDULE
 
 gevent.spawn_later(3, os.kill, os.getpid(), signal.SIGTERM)
-code = worker.main(REGISTRY, ["run"], schedule=SCHEDULE)
-heavy = ("sentry_sdk", "requests", "urllib3", "jinja2", "tqdm", "lib.admin", "lib.commands")
+code = worker.main(REGISTRY, [], schedule=SCHEDULE)  # as `python worker.py`
+heavy = (
+    "sentry_sdk", "requests", "urllib3", "jinja2", "tqdm", "lib.admin", "lib.commands",
+    "lib.embedded", "pythonjsonlogger", "lib.registry_check", "psutil", "gevent.threadpool", "uuid",
+    "argparse", "lib.cli",
+)
 print("loaded:", sorted(name for name in heavy if name in sys.modules))
 sys.exit(code)
 """
@@ -39,7 +48,13 @@ def test_an_idle_worker_loads_no_library_it_has_no_use_for(db, database_url):
     off = {
         name: "" for name in ("SENTRY_DSN", "GITHUB_TOKEN", "SLACK_BOT_TOKEN", "ANTHROPIC_API_KEY", "APOLLO_API_KEY")
     }
-    env = {**off, "DATABASE_URL": database_url, "JOBS_HTTP_ADDR": f"127.0.0.1:{_free_port()}", "JOBS_ADMIN_TOKEN": ""}
+    env = {
+        **off,
+        "DATABASE_URL": database_url,
+        "JOBS_HTTP_ADDR": f"127.0.0.1:{_free_port()}",
+        "JOBS_ADMIN_TOKEN": "",
+        "LOG_FORMAT": "text",
+    }
     done = run_python(RUN_THEN_LIST, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "serving http on" in done.stderr  # the HTTP endpoints ran, without the admin page
