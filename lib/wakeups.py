@@ -16,6 +16,7 @@ import psycopg2.extensions
 from gevent.event import Event
 from gevent.select import select
 
+from lib.db import connect_options
 from lib.errors import Outage
 
 log = logging.getLogger("jobs.wakeups")
@@ -69,16 +70,7 @@ class Listener:
             backoff = min(backoff * 2, _MAX_BACKOFF)
 
     def _connect(self) -> psycopg2.extensions.connection:
-        conn = psycopg2.connect(
-            self.dsn,
-            application_name="jobs-listener",
-            connect_timeout=5,
-            # A silent peer is noticed within about 30 s.
-            keepalives=1,
-            keepalives_idle=15,
-            keepalives_interval=5,
-            keepalives_count=3,
-        )
+        conn = psycopg2.connect(self.dsn, **connect_options("jobs-listener", self.dsn))
         conn.autocommit = True
         with conn.cursor() as cur:
             cur.execute(f"LISTEN {CHANNEL}")

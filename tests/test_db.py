@@ -196,3 +196,17 @@ def test_queries_run_concurrently_under_gevent(database_url):
 def test_bad_pool_size():
     with pytest.raises(ValueError):
         DB("postgresql://x", size=0)
+
+
+def test_connections_skip_gss_encryption_unless_asked(database_url, monkeypatch):
+    monkeypatch.delenv("PGGSSENCMODE", raising=False)
+    pool = DB(database_url, size=1)
+    asked = DB(database_url + ("&" if "?" in database_url else "?") + "gssencmode=prefer", size=1)
+    try:
+        with pool.connection() as conn:
+            assert conn.info.dsn_parameters["gssencmode"] == "disable"
+        with asked.connection() as conn:
+            assert conn.info.dsn_parameters["gssencmode"] == "prefer"
+    finally:
+        pool.close()
+        asked.close()
