@@ -14,6 +14,7 @@ compare values before and after).
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -67,16 +68,24 @@ CHECKOUT_WAIT = Histogram(
 _EVENTS = (FINISHED, DURATION, RETRIES, SNOOZES, RESCUES, CHECKOUT_WAIT)
 
 
+@functools.cache
+def _child(metric: Any, *labels: str) -> Any:
+    """A metric's child for these labels: looked up once, not on every job
+    (labels() validates and locks each time). The label sets are few: the
+    process's queues, times the kinds of a status."""
+    return metric.labels(*labels)
+
+
 def job_done(queue: str, outcome: Any, seconds: float) -> None:
     """An attempt ended (lib.poller's Outcome): a snooze, a retry, or a
     finished job counted by its kind. Never raises into the poller."""
-    DURATION.labels(queue).observe(seconds)
+    _child(DURATION, queue).observe(seconds)
     if not outcome.counted:
-        SNOOZES.labels(queue).inc()
+        _child(SNOOZES, queue).inc()
     elif outcome.retry_in is not None:
-        RETRIES.labels(queue).inc()
+        _child(RETRIES, queue).inc()
     else:
-        FINISHED.labels(queue, _kind(outcome.status)).inc()
+        _child(FINISHED, queue, _kind(outcome.status)).inc()
 
 
 def rescued(queue: str) -> None:
