@@ -82,10 +82,11 @@ class Committer:
         try:
             rows = self._round_trip(asks)
         except Exception as exc:
-            if len(asks) > 1 and is_server_error(exc):
+            if len(asks) > 1 and (is_server_error(exc) or isinstance(exc, ValueError)):
                 # The server refused the batch for one ask's sake (a value it
-                # cannot store, a row it cannot claim): nothing committed, and
-                # each goes again alone, so only that one fails.
+                # cannot store, a row it cannot claim), or the driver could
+                # not send one of its values (a NUL character): nothing
+                # committed, and each goes again alone, so only that one fails.
                 for ask in asks:
                     self._commit([ask])
                 return

@@ -220,3 +220,22 @@ def test_a_fault_in_the_committer_reaches_its_asks_and_the_next_batch_goes_on(db
     assert "group commit failed" in caplog.text
     poller.commit._round_trip = answer
     assert poller.claim() is not None
+
+
+def test_an_outcome_the_driver_cannot_send_fails_alone(db):
+    """A NUL in one outcome's traceback: the driver refuses the whole batch's
+    text; the batch goes again ask by ask, and only that outcome is replaced."""
+    pollers = [Poller(f"n{i}", db, {"n.N": lambda job: "ok"}) for i in range(3)]
+    jobs = []
+    for poller in pollers:
+        insert(db, poller.queue, "n.N")
+        jobs.append(poller.claim())
+    bad = Outcome("err: boom", RuntimeError("boom"), traceback="line\x00 with a NUL")
+    asks = [
+        gevent.spawn(p.commit.send, p._outcome_params(job, bad if p is pollers[0] else Outcome("ok"), 0.0), None)
+        for p, job in zip(pollers, jobs, strict=True)
+    ]
+    gevent.joinall(asks, timeout=10)
+    assert isinstance(asks[0].exception, ValueError)
+    assert [a.value.written for a in asks[1:]] == [True, True]
+    assert pollers[0].commit.batches >= 4  # the batch, then each ask alone
