@@ -12,14 +12,14 @@ SELECT id FROM jobs_insert_many(%(callsite)s::text, %(queues)s::jsonb, %(names)s
                                 %(run_ats)s::jsonb, %(priorities)s::jsonb, %(max_attempts)s::jsonb) AS id
 
 -- name: job_claim
--- Claim the queue's next due job (or the one asked for) for one slot: a batch of one claim (jobs_step, migration 016), in job_claimed_by's columns. With nothing claimed, one row of NULLs whose wait says how long until the queue may have work.
+-- Claim the queue's next due job (or the one asked for) for one slot: a batch of one claim (jobs_step, migration 014), in job_claimed_by's columns. With nothing claimed, one row of NULLs whose wait says how long until the queue may have work.
 SELECT id, name, args, attempts, max_attempts, callsite, latency, wait, slot
 FROM jobs_step('{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}',
                ARRAY[%(queue)s::text], ARRAY[%(slot)s::int], ARRAY[%(worker_id)s::text], ARRAY[%(lease)s::float8],
                ARRAY[%(max_attempts)s::int], ARRAY[%(id)s::bigint])
 
 -- name: job_finalize
--- Write one claimed job's outcome: a batch of one outcome (jobs_step, migration 016); 1 when it was written, 0 when the row is no longer this claim's.
+-- Write one claimed job's outcome: a batch of one outcome (jobs_step, migration 014); 1 when it was written, 0 when the row is no longer this claim's.
 SELECT count(*)::int
 FROM jobs_step(ARRAY[%(id)s::bigint], ARRAY[%(worker_id)s::text], ARRAY[%(attempts)s::int],
                ARRAY[%(status)s::text], ARRAY[%(retry_in)s::float8], ARRAY[%(last_error)s::text],
@@ -27,7 +27,7 @@ FROM jobs_step(ARRAY[%(id)s::bigint], ARRAY[%(worker_id)s::text], ARRAY[%(attemp
                '{}', '{}', '{}', '{}', '{}', '{}')
 
 -- name: job_step
--- One group commit (lib/commit.py): outcomes of any queues, then claims grouped by queue, in one round trip and one transaction. jobs_step (migration 016).
+-- One group commit (lib/commit.py): outcomes of any queues, then claims grouped by queue, in one round trip and one transaction. jobs_step (migration 014).
 SELECT queue, worker_id, id, name, args, attempts, max_attempts, callsite, latency, wait, slot
 FROM jobs_step(%(o_ids)s::bigint[], %(o_workers)s::text[], %(o_attempts)s::int[], %(o_statuses)s::text[],
                %(o_retry_ins)s::float8[], %(o_last_errors)s::text[], %(o_tracebacks)s::text[],
