@@ -222,18 +222,20 @@ def count(window: Window, statements: list[Statement], start: float, end: float)
 
 
 def expected(queues: int, poll_interval: float, lease: float, ping_after: float) -> dict[str, float]:
-    """What the code says an idle worker sends a minute: an empty claim per
-    queue per poll interval, and a rescue once a lease while it holds no job
+    """What the code says an idle worker sends a minute: one group commit
+    (job_step) per poll interval, carrying every queue's empty claim, since
+    the queues' fallback polls fall on the same instants; and a rescue once a
+    lease while it holds no job
     (Leases.rescue_period), with the registry's worker_seen in the same
     transaction, which its COMMIT ends (the heartbeat sends nothing with no
     job running); at most, before each, the pool's ping, when its pooled
     connection sat idle past DB.ping_after. The clock's statements are rare
     (caches.Age every 15 minutes, the hourly prune)."""
-    claims = queues * 60 / poll_interval
+    claims = 60 / poll_interval if queues else 0.0
     rescues = 60 / lease
     pings = (claims if ping_after < poll_interval else 0) + (rescues if ping_after < lease else 0)
     return {
-        "job_claim": claims,
+        "job_step": claims,
         "job_rescue": rescues,
         "worker_seen": rescues,
         "COMMIT": rescues,
