@@ -50,7 +50,7 @@ class Committer:
         self.timeout = timeout
         self._asks: list[_Ask] = []
         self._sender: gevent.Greenlet | None = None
-        self.batches = 0  # round trips sent, for the benchmarks and /metrics
+        self.batches = 0  # round trips sent, and the asks they carried: for tests and benchmarks
         self.asks = 0
 
     def send(self, outcome: dict[str, Any] | None, claim: dict[str, Any] | None) -> Reply:

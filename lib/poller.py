@@ -540,7 +540,8 @@ class Poller:
                 reply = self.commit.send(params, self._claim_params(None, next_slot))
             except Exception as exc:
                 log.debug("queue=%s id=%d outcome and next claim together failed: %s", self.queue, job.id, exc)
-                if not is_server_error(exc):
+                # A ValueError is the driver refusing a value: nothing was sent.
+                if not is_server_error(exc) and not isinstance(exc, ValueError):
                     # No answer: the server may have committed both, or may
                     # still, unless its process is ended first.
                     self._unsettled[next_slot] = exc
