@@ -31,7 +31,7 @@ from pgqueuer import Job, Queries, QueueManager
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from compare_support import Starts, enqueue_parser, round_robin, worker_parser
+from compare_support import Starts, enqueue_parser, round_robin, run_command, worker_parser
 
 FALLBACK_POLL = timedelta(seconds=120)
 
@@ -101,14 +101,7 @@ async def enqueue(argv: list[str]) -> None:
 
 def main() -> int:
     logging.basicConfig(level=logging.WARNING)
-    command, argv = sys.argv[1], sys.argv[2:]
-    if command == "install":
-        asyncio.run(install(argv[argv.index("--url") + 1]))
-    elif command == "work":
-        asyncio.run(work(argv))
-    else:
-        asyncio.run(enqueue(sys.argv[1:]))
-    return 0
+    return run_command(install, work, enqueue)
 
 
 if __name__ == "__main__":

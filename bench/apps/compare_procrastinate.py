@@ -32,7 +32,7 @@ from procrastinate.worker import Worker
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from compare_support import Starts, enqueue_parser, round_robin, worker_parser
+from compare_support import Starts, enqueue_parser, round_robin, run_command, worker_parser
 
 TASK = "bench_noop"
 FALLBACK_POLL = 120.0
@@ -139,14 +139,7 @@ def main() -> int:
     logging.basicConfig(level=logging.WARNING)
     # It warns that the app is made in __main__, which matters only to its CLI's task lookup.
     logging.getLogger("procrastinate.blueprints").setLevel(logging.ERROR)
-    command, argv = sys.argv[1], sys.argv[2:]
-    if command == "install":
-        asyncio.run(install(argv[argv.index("--url") + 1]))
-    elif command == "work":
-        asyncio.run(work(argv))
-    else:
-        asyncio.run(enqueue(sys.argv[1:]))
-    return 0
+    return run_command(install, work, enqueue)
 
 
 if __name__ == "__main__":

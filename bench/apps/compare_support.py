@@ -8,9 +8,13 @@ a gevent worker and an asyncio one both use it.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import sys
 import time
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 # Our job's name in every queue (a Poller dispatches by name).
 OURS_JOB_NAME = "bench.Noop"
@@ -67,3 +71,19 @@ def enqueue_parser(description: str) -> argparse.ArgumentParser:
 def round_robin(queues: list[str], jobs: int) -> list[tuple[str, int]]:
     """(queue, seq) of each job, seq from 0, spread evenly over the queues."""
     return [(queues[i % len(queues)], i) for i in range(jobs)]
+
+
+def run_command(
+    install: Callable[[str], Coroutine[Any, Any, Any]],
+    work: Callable[[list[str]], Coroutine[Any, Any, Any]],
+    enqueue: Callable[[list[str]], Coroutine[Any, Any, Any]],
+) -> int:
+    """An asyncio peer's command line: install --url URL, work ..., or an enqueue command."""
+    command, argv = sys.argv[1], sys.argv[2:]
+    if command == "install":
+        asyncio.run(install(argv[argv.index("--url") + 1]))
+    elif command == "work":
+        asyncio.run(work(argv))
+    else:
+        asyncio.run(enqueue(sys.argv[1:]))
+    return 0
