@@ -1,4 +1,5 @@
-"""Enqueue jobs: the one path by which a single job row is written.
+"""Enqueue jobs: how a program writes job rows. (The clock writes its
+scheduled rows in a statement of its own, sql/clock.sql.)
 
 Synchronous programs (a Flask or Django process, a cron script) import this as
 is: it never imports gevent and never monkey-patches. Given a connection, it

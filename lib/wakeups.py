@@ -46,7 +46,6 @@ class Listener:
         self.state = state
         self.outage = outage or Outage("listen for wakeups")
         self.listening = Event()  # set while a LISTEN connection is up (tests wait on it)
-        self.connections = 0  # how many times it has (re)connected
 
     def run(self, stop: Event) -> None:
         backoff = 1.0
@@ -76,7 +75,6 @@ class Listener:
             cur.execute(f"LISTEN {CHANNEL}")
             if self.state is not None:
                 cur.execute(f"LISTEN {STATE_CHANNEL}")
-        self.connections += 1
         self.listening.set()
         log.info("listening for wakeups")
         return conn

@@ -5,12 +5,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import gevent
 import psycopg2
 from gevent.event import Event
 
 from lib.db import DB
+from lib.sql import Q
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -118,3 +120,8 @@ def poll_until(pollers, done, timeout: float = 30) -> None:
         for p in pollers:
             p.wake()
         gevent.joinall(greenlets, timeout=10, raise_error=True)
+
+
+def paused(db: DB) -> list[tuple[str, str, Any]]:
+    """The queues paused now: (queue, reason, until)."""
+    return [(q, r, u) for q, r, u in db.query(Q.queue_paused)]
