@@ -278,6 +278,19 @@ class DB(_Runner):
         db.query_row("SELECT 1")
         return db
 
+    def exec_in_batches(self, sql: str, params: dict[str, Any]) -> int:
+        """Run a statement that touches at most params["batch"] rows (a
+        DELETE of a LIMITed set) until it touches fewer; the rows touched in
+        all. Each batch is a short transaction of its own, and other
+        greenlets run between batches (time.sleep is gevent's when patched)."""
+        total = 0
+        while True:
+            n = self.exec(sql, params)
+            total += n
+            if n < params["batch"]:
+                return total
+            time.sleep(0)
+
     def grow(self, n: int) -> None:
         """Allow n more connections, for a worker that learns its needs late."""
         self.size += n

@@ -22,11 +22,11 @@ from lib import status as st
 from lib.commit import committer
 from lib.db import DB, is_conn_failure, is_data_error, is_database_error, is_server_error, is_unique_violation
 from lib.errors import Outage, capture, reporting, secrets_from_env, traceback_text
-from lib.insert import MAX_ARGS_BYTES
+from lib.insert import MAX_ARGS_BYTES, check_name
 from lib.leases import LeaseLost, Leases
 from lib.redact import scrub
 from lib.retry import BASE_SECONDS as RETRY_BASE_SECONDS
-from lib.retry import backoff
+from lib.retry import Backoff, backoff
 from lib.sql import Q
 
 log = logging.getLogger("jobs")
@@ -136,10 +136,11 @@ class Poller:
         retry_base: float = RETRY_BASE_SECONDS,
     ) -> None:
         # A bad configuration fails when the worker starts, not at the first job.
-        if not queue or queue != queue.strip():
-            raise ValueError(f"bad queue name {queue!r}")
+        check_name("queue", queue)
         if not dispatch or not all(callable(h) for h in dispatch.values()):
             raise ValueError(f"queue {queue}: dispatch must map job names to handlers")
+        for name in dispatch:
+            check_name(f"queue {queue}: job name", name)
         if job_timeout <= 0 or poll_interval <= 0:
             raise ValueError(f"queue {queue}: job_timeout and poll_interval must be positive")
         if retry_base <= 0:
@@ -223,7 +224,7 @@ class Poller:
 
     def run_slot(self, stop: Event, slot: int) -> None:
         wakeup = self._wakeups[slot]
-        retry_wait = 1.0
+        retry = Backoff(cap=self.poll_interval)
         # What the last outcome's write found when it looked for the next job:
         # that job, or None and how long until the queue may have work.
         found: ClaimResult | None = None
@@ -237,12 +238,11 @@ class Poller:
                     found = ClaimResult(*self._claim(None, slot))
                 except Exception as exc:
                     self._claim_failed(exc)
-                    stop.wait(retry_wait)
-                    retry_wait = min(retry_wait * 2, self.poll_interval)
+                    stop.wait(retry.failed())
                     continue
                 self.outage.recovered()
                 self.claim_fault.recovered()
-                retry_wait = 1.0
+                retry.succeeded()
             if found.job is None:
                 # The queue's next delayed row, or the end of its pause or
                 # throttle, when that comes before the fallback poll. The

@@ -18,6 +18,7 @@ from gevent.select import select
 
 from lib.db import connect_options
 from lib.errors import Outage
+from lib.retry import Backoff
 
 log = logging.getLogger("jobs.wakeups")
 
@@ -48,13 +49,13 @@ class Listener:
         self.listening = Event()  # set while a LISTEN connection is up (tests wait on it)
 
     def run(self, stop: Event) -> None:
-        backoff = 1.0
+        retry = Backoff(cap=_MAX_BACKOFF)
         while not stop.is_set():
             conn = None
             try:
                 conn = self._connect()
                 self.outage.recovered()
-                backoff = 1.0
+                retry.succeeded()
                 # Rows written while nobody listened would otherwise wait
                 # for the fallback poll.
                 self.wake_all()
@@ -65,8 +66,7 @@ class Listener:
                 self.listening.clear()
                 if conn is not None:
                     conn.close()
-            stop.wait(backoff)
-            backoff = min(backoff * 2, _MAX_BACKOFF)
+            stop.wait(retry.failed())
 
     def _connect(self) -> psycopg2.extensions.connection:
         conn = psycopg2.connect(self.dsn, **connect_options("jobs-listener", self.dsn))
