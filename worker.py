@@ -3,7 +3,6 @@ from gevent import monkey
 monkey.patch_all()  # first: every later import must see the cooperative stdlib
 
 import logging  # noqa: E402
-import os  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
 from collections.abc import Callable, Sequence  # noqa: E402
@@ -48,23 +47,33 @@ NO_HTTP = Settings(http_addr=None)
 POOL_BUFFER = 4
 
 
-def main(registry: Registry, argv: Sequence[str] | None = None, schedule: Sequence[Scheduled] = ()) -> int:
+def main(
+    registry: Registry | Callable[[Settings], Registry],
+    argv: Sequence[str] | None = None,
+    schedule: Sequence[Scheduled] = (),
+) -> int:
+    """The command line. registry: the queues, or a function that builds them
+    from the settings (queues.registry: tokens, retention); a test's app
+    passes its list."""
     try:
-        settings = Settings.from_env(os.environ)
+        settings = Settings.from_environ()
     except SettingError as exc:
         # Before logging and Sentry are set up: a bad setting is the operator's to fix, not an event.
         print(f"worker: {exc}", file=sys.stderr)
         return 2
+    if not isinstance(registry, Sequence):
+        registry = registry(settings)
     args = _args(settings, sys.argv[1:] if argv is None else argv)
-    # Every line is masked of the configured secrets: a fault's message may quote one.
-    logs.setup(settings.log_level, settings.log_format, errors.secrets_from_env())
-    errors.init()
+    # Every line, event and stored traceback is masked of the configured
+    # secrets: a fault's message may quote one.
+    logs.setup(settings.log_level, settings.log_format, errors.configure(settings))
+    errors.init(settings.sentry_dsn)
     if args.command == "check":
         from lib import registry_check
 
         # Needs no database: it reads the code, the SQL files and the schedule.
         return registry_check.main(list(registry), list(schedule), Path(__file__).resolve().parent, args.paths)
-    url = settings.database_url or _embedded_url()
+    url = settings.database_url or _embedded_url(settings)
     if args.command == "db-url":
         from lib import commands
 
@@ -92,11 +101,11 @@ def _args(settings: Settings, argv: Sequence[str]) -> "Namespace | SimpleNamespa
     return cli.make_parser(settings).parse_args(argv)
 
 
-def _embedded_url() -> str:
+def _embedded_url(settings: Settings) -> str:
     # Imported here: a worker given DATABASE_URL never loads lib.embedded.
     from lib import embedded
 
-    return embedded.database_url()
+    return embedded.database_url(settings)
 
 
 def _connect(url: str, size: int, pooled: bool) -> DB:
@@ -302,7 +311,7 @@ def _start_pollers(db: DB, registry: Registry) -> tuple[list[Poller], list[str]]
 
 
 if __name__ == "__main__":
-    from queues import REGISTRY
+    from queues import registry
     from queues.schedule import SCHEDULE
 
-    sys.exit(main(REGISTRY, schedule=SCHEDULE))
+    sys.exit(main(registry, schedule=SCHEDULE))

@@ -32,6 +32,7 @@ import psycopg2.extensions
 from lib import embedded
 from lib.db import DB
 from lib.migrate import migrate
+from lib.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA_DIR = ROOT / ".pgdata" / "bench"
@@ -53,7 +54,7 @@ class Server:
 
 def get_server() -> Server:
     source = "DATABASE_URL" if os.environ.get("DATABASE_URL") else "embedded"
-    return Server(embedded.database_url(DATA_DIR), source)
+    return Server(embedded.database_url(Settings.from_environ(), DATA_DIR), source)
 
 
 def with_database(url: str, name: str) -> str:

@@ -43,15 +43,19 @@ def make_api_worker(
     handlers: Mapping[str, ApiHandler],
     throttle: Callable[[str, BaseException | None, float], float],
     *,
+    token: str | None = None,
+    base_url: str | None = None,
     now: Callable[[], datetime] = lambda: datetime.now(UTC),
     **options: Any,
 ) -> Poller:
-    """The queue's Poller; off (with the reason) when its token is not set or
-    cannot be sent (the client refuses it when built: see NotConfigured)."""
+    """The queue's Poller, with client, else one of client_class built from
+    token and base_url (the worker's settings: queues.registry); off (with the
+    reason) when the token is not set or cannot be sent (the client refuses
+    it when built: see NotConfigured)."""
     off = None
     if client is None:
         try:
-            client = client_class()
+            client = client_class(token, base_url=base_url)
         except NotConfigured as exc:
             off = str(exc)
     dispatch: dict[str, Handler] = {name: _guard(queue, db, client, handler, now) for name, handler in handlers.items()}

@@ -16,16 +16,16 @@ from typing import Any
 import psycopg2
 
 from lib import embedded
-from lib.settings import check_dsn
+from lib.settings import Settings
 
 
 def database_url() -> str:
     """The URL the worker would use: DATABASE_URL, else the embedded server's.
-    A DATABASE_URL the driver cannot parse is refused here, named with its
-    password masked (the driver's own error would quote it)."""
-    url = embedded.database_url()
-    check_dsn(url)
-    return url
+    The settings are read from this program's environment as the worker reads
+    its own, so a bad one is refused (SettingError) as the worker would: a
+    DATABASE_URL the driver cannot parse is named with its password masked
+    (the driver's own error would quote it)."""
+    return embedded.database_url(Settings.from_environ())
 
 
 def connect(**kwargs: Any) -> psycopg2.extensions.connection:

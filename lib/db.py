@@ -133,6 +133,7 @@ def connect_options(application_name: str, dsn: str) -> dict[str, Any]:
         "keepalives_interval": 5,
         "keepalives_count": 3,
     }
+    # The one read of the environment outside lib/settings.py: PGGSSENCMODE is libpq's own variable, not ours.
     if "gssencmode" not in psycopg2.extensions.parse_dsn(dsn) and "PGGSSENCMODE" not in os.environ:
         # Unless asked for: trying GSS encryption first makes libpq load the
         # Kerberos libraries into every worker (0.8 MB resident, seen on an

@@ -47,9 +47,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import quote
 
+from lib.settings import EMBEDDED_SOURCES
 from lib.sql import ROOT
+
+if TYPE_CHECKING:
+    from lib.settings import Settings
 
 log = logging.getLogger("jobs.embedded")
 
@@ -57,7 +62,8 @@ DEFAULT_DIR = ROOT / ".pgdata"
 # Folders where distributions put PostgreSQL's server binaries when they are
 # not on PATH (Debian and Ubuntu, the PGDG RPMs, a build from source).
 SYSTEM_BIN_GLOBS = ("/usr/lib/postgresql/*/bin", "/usr/pgsql-*/bin", "/usr/local/pgsql/bin")
-SOURCES = ("pgserver", "system")
+# Where the binaries come from (JOBS_EMBEDDED), each with a cluster of its own in the data folder.
+SOURCES = EMBEDDED_SOURCES
 # Postgres refuses to run as root; as root the server runs as this user.
 SERVER_USER = "postgres"
 # With no TCP listener the port only names the socket file; pinned so that a
@@ -82,21 +88,22 @@ _holds: dict[Path, int] = {}
 _children: dict[Path, subprocess.Popen[bytes]] = {}
 
 
-def database_url(data_dir: Path | None = None) -> str:
-    """DATABASE_URL when set; else the URL of the embedded server, started if
-    it is not running. JOBS_EMBEDDED=system skips pgserver's binaries."""
-    url = os.environ.get("DATABASE_URL")
-    if url:
-        return url
-    return start(data_dir or Path(os.environ.get("JOBS_DATA_DIR", DEFAULT_DIR)))
+def database_url(settings: Settings, data_dir: Path | None = None) -> str:
+    """The settings' DATABASE_URL when set; else the URL of the embedded
+    server in data_dir (by default the settings' JOBS_DATA_DIR, else
+    DEFAULT_DIR), started if it is not running, on the binaries
+    JOBS_EMBEDDED names."""
+    if settings.database_url:
+        return settings.database_url
+    return start(data_dir or settings.data_dir or DEFAULT_DIR, settings.embedded)
 
 
-def start(data_dir: Path) -> str:
+def start(data_dir: Path, source: str | None = None) -> str:
     """The URL of the server in data_dir (its cluster is data_dir/<source>),
-    started unless it runs already. This process keeps it running until it
-    exits or calls stop()."""
+    started unless it runs already, on the binaries of source (binaries()).
+    This process keeps it running until it exits or calls stop()."""
     data_dir = data_dir.resolve()
-    source, bindir = binaries()
+    source, bindir = binaries(source)
     user = _server_user()
     if user is not None:
         _check_reachable(data_dir, user)
@@ -128,11 +135,10 @@ def stop(data_dir: Path) -> None:
         _stop_all(data_dir)
 
 
-def binaries() -> tuple[str, Path]:
-    """(source, folder of initdb and postgres): pgserver's unless
-    JOBS_EMBEDDED=system or pgserver is not installed, else the machine's."""
-    wanted = os.environ.get("JOBS_EMBEDDED", "")
-    if wanted not in ("", *SOURCES):
+def binaries(wanted: str | None = None) -> tuple[str, Path]:
+    """(source, folder of initdb and postgres): pgserver's unless wanted is
+    "system" (JOBS_EMBEDDED) or pgserver is not installed, else the machine's."""
+    if wanted not in (None, *SOURCES):
         raise RuntimeError(f"JOBS_EMBEDDED={wanted!r}: use one of {', '.join(SOURCES)}, or leave it unset")
     if wanted != "system":
         bundled = bundled_bindir()

@@ -13,22 +13,23 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import sys
 import time
 import traceback
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lib.redact import scrub
 from lib.settings import dsn_secrets
 
+if TYPE_CHECKING:
+    from lib.settings import Settings
+
 log = logging.getLogger("jobs.errors")
 
-# The environment variables whose values no event may carry.
-SECRET_ENV = ("GITHUB_TOKEN", "SLACK_BOT_TOKEN", "ANTHROPIC_API_KEY", "APOLLO_API_KEY")
-# The database URLs, whose passwords no event or log line may carry either.
-DSN_ENV = ("DATABASE_URL", "DATABASE_DIRECT_URL")
+# The secrets no event, stored traceback or job status may carry: those of the
+# settings the process runs with, set by configure() at start (worker.main).
+_secrets: list[str] = []
 
 
 def _is_shutdown(exc: BaseException) -> bool:
@@ -48,10 +49,10 @@ def _drop_shutdown(event: dict[str, Any], hint: dict[str, Any]) -> dict[str, Any
     return event
 
 
-def secrets_from_env() -> list[str]:
-    """The API tokens and the database password, as configured now."""
-    found = [os.environ.get(name, "").strip() for name in SECRET_ENV]
-    for url in filter(None, (os.environ.get(name, "") for name in DSN_ENV)):
+def settings_secrets(settings: Settings) -> list[str]:
+    """The API tokens, the admin token and the database passwords the settings hold."""
+    found = settings.secrets()
+    for url in settings.dsns():
         # As written and decoded, even in a DSN no parser accepts.
         found += dsn_secrets(url)
         with contextlib.suppress(Exception):
@@ -61,6 +62,20 @@ def secrets_from_env() -> list[str]:
 
             found.append(parse_dsn(url).get("password", ""))
     return [s for s in found if s]
+
+
+def configure(settings: Settings) -> list[str]:
+    """Mask the settings' secrets from now on, in every event, stored
+    traceback and job status; returns them, for the log lines' mask (lib.logs)."""
+    global _secrets
+    _secrets = settings_secrets(settings)
+    return list(_secrets)
+
+
+def configured_secrets() -> list[str]:
+    """The secrets configured at start: those of the settings read from the
+    environment (configure()); none before."""
+    return list(_secrets)
 
 
 def mask(event: Any, secrets: list[str]) -> Any:
@@ -77,13 +92,13 @@ def mask(event: Any, secrets: list[str]) -> Any:
 def _before_send(event: dict[str, Any], hint: dict[str, Any]) -> dict[str, Any] | None:
     if _drop_shutdown(event, hint) is None:
         return None
-    # Read at each event (rare), so a secret set after init is masked too.
-    return mask(event, secrets_from_env())
+    # Read at each event (rare): the secrets configured whether before or after init.
+    return mask(event, configured_secrets())
 
 
 def init(dsn: str | None = None, **options: Any) -> bool:
-    """Start reporting when a DSN is given or SENTRY_DSN is set; False otherwise."""
-    dsn = dsn if dsn is not None else os.environ.get("SENTRY_DSN", "")
+    """Start reporting to dsn (the settings' SENTRY_DSN); False, and nothing
+    imported, without one (unless a test gives its own transport)."""
     if not dsn and "transport" not in options:
         return False
     import sentry_sdk
@@ -132,7 +147,7 @@ def traceback_text(exc: BaseException, limit: int = MAX_TRACEBACK_BYTES) -> str 
         return None
     text = "".join(traceback.format_exception(exc)).replace("\x00", "\\x00")  # Postgres text holds no NUL
     # Kept in a job row, which must hold no secret: a message may quote one.
-    text = scrub(text, secrets_from_env())
+    text = scrub(text, configured_secrets())
     data = text.encode()
     if len(data) <= limit:
         return text

@@ -21,7 +21,7 @@ from lib import metrics
 from lib import status as st
 from lib.commit import committer
 from lib.db import DB, is_conn_failure, is_data_error, is_database_error, is_server_error, is_unique_violation
-from lib.errors import Outage, capture, reporting, secrets_from_env, traceback_text
+from lib.errors import Outage, capture, configured_secrets, reporting, traceback_text
 from lib.insert import MAX_ARGS_BYTES, check_name
 from lib.leases import LeaseLost, Leases
 from lib.redact import scrub
@@ -503,7 +503,7 @@ class Poller:
         capture(result, queue=self.queue, job=job.name, job_id=job.id, callsite=job.callsite)
         # Stored in the row, which must hold no secret, whatever the message quotes.
         said = f"{type(result).__name__}: {result}" if str(result) else type(result).__name__
-        text = st.err(scrub(said, secrets_from_env()))
+        text = st.err(scrub(said, configured_secrets()))
         retry_in = backoff(job.attempts, base=self.retry_base) if job.attempts < job.max_attempts else None
         if not reporting():
             # Without Sentry the log is the one place an operator finds where it failed.

@@ -1,17 +1,27 @@
-"""The worker's settings, read from the environment once (in worker.main), each
-checked when it is read, so a bad value stops the worker with one clear line
-instead of a traceback at the first job. A malformed DATABASE_URL is named with
-its password masked: the driver's own message may quote it.
+"""The worker's settings, read from the environment once (in worker.main, and
+by lib.connect for a plain program), each checked when it is read, so a bad
+value stops the worker with one clear line instead of a traceback at the first
+job. Nothing else reads the environment: the settings are passed down to what
+needs them. A malformed DATABASE_URL is named with its password masked: the
+driver's own message may quote it.
+
+Each field names its environment variable, its parser and whether it is a
+secret (setting() below): ENV, the README's table and from_env all follow from
+that one place.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import os
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass, fields
-from urllib.parse import unquote
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from functools import partial
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit
 
 from lib.redact import REDACTED, scrub
 
@@ -22,6 +32,12 @@ DEFAULT_LEASE_SECONDS = 30.0
 DEFAULT_HTTP_ADDR = ("127.0.0.1", 9400)
 # A token short enough to guess would make the constant-time compare pointless.
 MIN_ADMIN_TOKEN = 16
+# Finished rows are kept this long: a handler may look for recent work before
+# it calls a paid API.
+DEFAULT_RETENTION_DAYS = 14
+# A century: further back than Postgres' timestamps reach would fail the daily
+# clean-up at 03:17, not the start.
+MAX_RETENTION_DAYS = 36500
 
 # The password of a URL (scheme://user:password@host) or a key/value DSN
 # (password=... or password='...'), as written: it may be malformed itself.
@@ -34,7 +50,10 @@ _KV_PASSWORD = re.compile(r"(?:^|\s)password\s*=\s*(?:'(?P<quoted>(?:[^'\\]|\\.)
 LOG_FORMATS = ("text", "json")
 # JOBS_POOLER: what DATABASE_URL points at. A pooler in session mode keeps each
 # client's session, so it is the same as none; one in transaction mode does not.
-POOLERS = ("none", "session", "transaction")
+POOLERS = ("transaction", "session", "none")
+# JOBS_EMBEDDED: which binaries run the embedded server (lib/embedded.py);
+# unset: pgserver's when it is installed, else the machine's.
+EMBEDDED_SOURCES = ("pgserver", "system")
 # How often every queue looks for work when nothing can wake it (no LISTEN).
 DEFAULT_POLLING_INTERVAL = 1.0
 
@@ -43,20 +62,201 @@ class SettingError(ValueError):
     """A setting that cannot be used; the message names it and never holds a secret."""
 
 
+# A setting's parser: (its text in the environment, None when unset; the
+# variable's name, for the error; the field's default) -> its value.
+Parse = Callable[[str | None, str, Any], Any]
+
+
+def setting(env: str, default: Any, parse: Parse, *, secret: bool = False, dsn: bool = False) -> Any:
+    """A field of Settings, read from the variable env by parse. secret: the
+    whole value is one (masked in repr, and in every event and log line by
+    lib.errors); dsn: a database URL, whose password is."""
+    return field(default=default, metadata={"env": env, "parse": parse, "secret": secret, "dsn": dsn})
+
+
+def seconds(text: str | None, name: str, default: Any, *, low: float, high: float = 86400.0) -> Any:
+    """A number of seconds from low to high (a day by default); default when unset."""
+    if text is None or not text.strip():
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not low <= value <= high:  # NaN fails both
+        raise SettingError(f"{name} must be a number of seconds from {low:g} to {high:g}, got {text!r}")
+    return value
+
+
+def whole(text: str | None, name: str, default: int, *, low: int, high: int, unit: str) -> int:
+    """A whole number from low to high; default when unset."""
+    if text is None or not text.strip():
+        return default
+    try:
+        value = int(text.strip())
+    except ValueError:
+        value = low - 1
+    if not low <= value <= high:
+        raise SettingError(f"{name} must be a whole number of {unit} from {low} to {high}, got {text!r}")
+    return value
+
+
+def one_of(*choices: str) -> Parse:
+    """A parser of one of choices (any case); the default when unset."""
+
+    def parse(text: str | None, name: str, default: Any) -> Any:
+        value = (text or "").strip().lower()
+        if not value:
+            return default
+        if value not in choices:
+            listed = ", ".join(choices[:-1]) + f" or {choices[-1]}"
+            raise SettingError(f"{name} must be {listed}, got {text!r}")
+        return value
+
+    return parse
+
+
+def parse_level(text: str | None, name: str, default: str) -> str:
+    level = (text or "").strip().upper() or default
+    if not isinstance(logging.getLevelName(level), int):
+        raise SettingError(f"{name} must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL, got {level!r}")
+    return level
+
+
+def parse_dsn(text: str | None, name: str, default: str | None) -> str | None:
+    """A DSN the driver can parse; default when unset or empty."""
+    if not text:
+        return default
+    check_dsn(text, name)
+    return text
+
+
+def http_addr(
+    text: str | None, name: str = "JOBS_HTTP_ADDR", default: tuple[str, int] | None = DEFAULT_HTTP_ADDR
+) -> tuple[str, int] | None:
+    """JOBS_HTTP_ADDR: host:port ([::1]:port for IPv6), or off; the default when unset."""
+    if text is None or not text.strip():
+        return default
+    text = text.strip()
+    if text.lower() == "off":
+        return None
+    host, sep, port = text.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        host = ""  # an IPv6 address without brackets: its port cannot be told apart
+    good_host = bool(host) and host.isprintable() and " " not in host
+    if not sep or not good_host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise SettingError(f"{name} must be host:port (or [v6]:port, or off), got {text!r}")
+    return host, int(port)
+
+
+def admin_token(text: str | None, name: str = "JOBS_ADMIN_TOKEN", default: str | None = None) -> str | None:
+    """JOBS_ADMIN_TOKEN: the admin page's token; unset or empty turns the page off."""
+    if not text:
+        return default
+    if len(text) < MIN_ADMIN_TOKEN or not text.isprintable() or text != text.strip():
+        # The value is never quoted: it is a secret, and may be one mistyped.
+        raise SettingError(
+            f"{name} must be at least {MIN_ADMIN_TOKEN} printable characters without"
+            " surrounding spaces (try: openssl rand -hex 32)"
+        )
+    return text
+
+
+def parse_token(text: str | None, name: str, default: str | None) -> str | None:
+    """An API token, its surrounding whitespace dropped (a line break at the
+    end of a pasted token); unset or blank: its queue is off. Not checked
+    further here: a token no header can carry turns its queue off, with the
+    reason, when the worker builds the queue's client (lib/clients/base.py)."""
+    return (text or "").strip() or default
+
+
+def parse_base_url(text: str | None, name: str, default: str | None) -> str | None:
+    """An API's base URL (a proxy's, a test server's): http or https, with a
+    host; unset: the API's own. Checked here, not at the first request of
+    each job, where every job would fail on it."""
+    value = (text or "").strip()
+    if not value:
+        return default
+    try:
+        parts = urlsplit(value)
+        # .port raises ValueError for one out of range.
+        good = parts.scheme in ("http", "https") and bool(parts.hostname) and (parts.port is None or parts.port > 0)
+    except ValueError:
+        good = False
+    good = good and value.isprintable() and " " not in value
+    if not good:
+        # A proxy's URL may carry a password: masked, as a database URL's is.
+        raise SettingError(f"{name} must be an http:// or https:// URL with a host, got {masked_dsn(value)!r}")
+    return value
+
+
+def parse_sentry_dsn(text: str | None, name: str, default: str | None) -> str | None:
+    """A Sentry DSN (https://KEY@HOST/PROJECT_ID), checked as sentry-sdk
+    would at init (a traceback then) without importing it here: a plain
+    program reading the settings (lib.connect) need not load it."""
+    value = (text or "").strip()
+    if not value:
+        return default
+    try:
+        parts = urlsplit(value)
+        port_ok = parts.port is None or parts.port > 0
+        project = parts.path.rsplit("/", 1)[-1]
+        good = parts.scheme in ("http", "https") and bool(parts.hostname and parts.username) and port_ok
+        good = good and project.isdigit()
+    except ValueError:
+        good = False
+    if not good:
+        # Not quoted: an old DSN carries a secret key.
+        raise SettingError(f"{name} must be a Sentry DSN, https://KEY@HOST/PROJECT_ID (or unset to report nothing)")
+    return value
+
+
+def parse_folder(text: str | None, name: str, default: Path | None) -> Path | None:
+    """A folder, relative ones to the working folder; default when unset or empty."""
+    return Path(text) if text else default
+
+
 @dataclass(frozen=True)
 class Settings:
-    database_url: str | None = None  # None: the embedded server
-    shutdown_window: float = DEFAULT_SHUTDOWN_WINDOW
-    lease_seconds: float = DEFAULT_LEASE_SECONDS
-    log_level: str = "INFO"
-    log_format: str = "text"  # or "json": one JSON object per line
-    http_addr: tuple[str, int] | None = DEFAULT_HTTP_ADDR  # None: no HTTP server
-    admin_token: str | None = None  # None: no admin page
+    """Every setting of the worker; built by from_env (or by a test, from its
+    defaults). Its repr masks every secret."""
+
+    database_url: str | None = setting("DATABASE_URL", None, parse_dsn, dsn=True)  # None: the embedded server
+    shutdown_window: float = setting("JOBS_SHUTDOWN_WINDOW", DEFAULT_SHUTDOWN_WINDOW, partial(seconds, low=0))
+    lease_seconds: float = setting("JOBS_LEASE_SECONDS", DEFAULT_LEASE_SECONDS, partial(seconds, low=1))
+    log_level: str = setting("LOG_LEVEL", "INFO", parse_level)
+    log_format: str = setting("LOG_FORMAT", "text", one_of(*LOG_FORMATS))  # or "json": one JSON object per line
+    http_addr: tuple[str, int] | None = setting("JOBS_HTTP_ADDR", DEFAULT_HTTP_ADDR, http_addr)  # None: no HTTP server
+    admin_token: str | None = setting("JOBS_ADMIN_TOKEN", None, admin_token, secret=True)  # None: no admin page
     # "transaction": DATABASE_URL is a pooler that gives each transaction any
     # server session, so nothing may rely on a session (lib/db.py, lib/migrate.py).
-    pooler: str = "none"
-    direct_url: str | None = None  # the server itself, for LISTEN behind such a pooler
-    poll_interval: float | None = None  # None: each queue's own, or DEFAULT_POLLING_INTERVAL without LISTEN
+    pooler: str = setting("JOBS_POOLER", "none", one_of(*POOLERS))
+    # The server itself, for LISTEN behind such a pooler.
+    direct_url: str | None = setting("DATABASE_DIRECT_URL", None, parse_dsn, dsn=True)
+    # None: each queue's own, or DEFAULT_POLLING_INTERVAL without LISTEN.
+    poll_interval: float | None = setting("JOBS_POLL_INTERVAL", None, partial(seconds, low=0.05, high=3600.0))
+    # Finished rows older than this many days are deleted (queues/maintenance).
+    retention_days: int = setting(
+        "JOBS_RETENTION_DAYS",
+        DEFAULT_RETENTION_DAYS,
+        partial(whole, low=1, high=MAX_RETENTION_DAYS, unit="days"),
+    )
+    # The API queues' tokens (None: the queue is off) and their APIs' base
+    # URLs (None: the API's own), given to their clients by queues.registry().
+    github_token: str | None = setting("GITHUB_TOKEN", None, parse_token, secret=True)
+    github_base_url: str | None = setting("GITHUB_BASE_URL", None, parse_base_url)
+    slack_bot_token: str | None = setting("SLACK_BOT_TOKEN", None, parse_token, secret=True)
+    slack_base_url: str | None = setting("SLACK_BASE_URL", None, parse_base_url)
+    anthropic_api_key: str | None = setting("ANTHROPIC_API_KEY", None, parse_token, secret=True)
+    anthropic_base_url: str | None = setting("ANTHROPIC_BASE_URL", None, parse_base_url)
+    apollo_api_key: str | None = setting("APOLLO_API_KEY", None, parse_token, secret=True)
+    apollo_base_url: str | None = setting("APOLLO_BASE_URL", None, parse_base_url)
+    sentry_dsn: str | None = setting("SENTRY_DSN", None, parse_sentry_dsn)  # None: reporting is off
+    # The embedded server's folder (None: the checkout's .pgdata/) and which
+    # binaries run it (None: pgserver's when installed, else the machine's).
+    data_dir: Path | None = setting("JOBS_DATA_DIR", None, parse_folder)  # noqa: RUF009 - a field(), as every one
+    embedded: str | None = setting("JOBS_EMBEDDED", None, one_of(*EMBEDDED_SOURCES))
 
     @property
     def pooled(self) -> bool:
@@ -74,88 +274,44 @@ class Settings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
-        url = env.get("DATABASE_URL") or None
-        if url is not None:
-            check_dsn(url)
-        level = env.get("LOG_LEVEL", "INFO").strip().upper() or "INFO"
-        if not isinstance(logging.getLevelName(level), int):
-            raise SettingError(f"LOG_LEVEL must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL, got {level!r}")
-        log_format = env.get("LOG_FORMAT", "text").strip().lower() or "text"
-        if log_format not in LOG_FORMATS:
-            raise SettingError(f"LOG_FORMAT must be text or json, got {env.get('LOG_FORMAT')!r}")
-        pooler = env.get("JOBS_POOLER", "none").strip().lower() or "none"
-        if pooler not in POOLERS:
-            raise SettingError(f"JOBS_POOLER must be transaction, session or none, got {env.get('JOBS_POOLER')!r}")
-        direct_url = env.get("DATABASE_DIRECT_URL") or None
-        if direct_url is not None:
-            check_dsn(direct_url, "DATABASE_DIRECT_URL")
-        poll = env.get("JOBS_POLL_INTERVAL")
-        return cls(
-            database_url=url,
-            shutdown_window=seconds(
-                "JOBS_SHUTDOWN_WINDOW", env.get("JOBS_SHUTDOWN_WINDOW"), DEFAULT_SHUTDOWN_WINDOW, low=0
-            ),
-            lease_seconds=seconds("JOBS_LEASE_SECONDS", env.get("JOBS_LEASE_SECONDS"), DEFAULT_LEASE_SECONDS, low=1),
-            log_level=level,
-            log_format=log_format,
-            http_addr=http_addr(env.get("JOBS_HTTP_ADDR")),
-            admin_token=admin_token(env.get("JOBS_ADMIN_TOKEN")),
-            pooler=pooler,
-            direct_url=direct_url,
-            poll_interval=seconds("JOBS_POLL_INTERVAL", poll, 0.0, low=0.05, high=3600.0) if poll else None,
-        )
+        """Every field from its variable in env (ENV), each by its parser: the
+        first bad one raises SettingError, named. Reads no other variable."""
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            name = f.metadata["env"]
+            values[f.name] = f.metadata["parse"](env.get(name), name, f.default)
+        return cls(**values)
+
+    @classmethod
+    def from_environ(cls) -> Settings:
+        """The settings of this process's environment: the one read of
+        os.environ for them (worker.main, lib.connect)."""
+        return cls.from_env(os.environ)
+
+    def secrets(self) -> list[str]:
+        """The values that are secrets whole (the API tokens, the admin token)."""
+        return [getattr(self, f.name) for f in fields(self) if f.metadata["secret"] and getattr(self, f.name)]
+
+    def dsns(self) -> list[str]:
+        """The database URLs set, whose passwords are secrets."""
+        return [getattr(self, f.name) for f in fields(self) if f.metadata["dsn"] and getattr(self, f.name)]
 
     def __repr__(self) -> str:
         # Every field, the secrets masked: a repr in a log or a Sentry event must not carry them.
-        shown = {f.name: getattr(self, f.name) for f in fields(self)}
-        for name in ("database_url", "direct_url"):
-            shown[name] = masked_dsn(shown[name]) if shown[name] else None
-        shown["admin_token"] = REDACTED if self.admin_token else None
+        shown = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value and f.metadata["secret"]:
+                value = REDACTED
+            elif value and f.metadata["dsn"]:
+                value = masked_dsn(value)
+            shown[f.name] = value
         return "Settings(" + ", ".join(f"{name}={value!r}" for name, value in shown.items()) + ")"
 
 
-def seconds(name: str, text: str | None, default: float, *, low: float, high: float = 86400.0) -> float:
-    """A number of seconds from low to high (a day by default); default when unset."""
-    if text is None or not text.strip():
-        return default
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not low <= value <= high:  # NaN fails both
-        raise SettingError(f"{name} must be a number of seconds from {low:g} to {high:g}, got {text!r}")
-    return value
-
-
-def http_addr(text: str | None) -> tuple[str, int] | None:
-    """JOBS_HTTP_ADDR: host:port ([::1]:port for IPv6), or off; the default when unset."""
-    if text is None or not text.strip():
-        return DEFAULT_HTTP_ADDR
-    text = text.strip()
-    if text.lower() == "off":
-        return None
-    host, sep, port = text.rpartition(":")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    elif ":" in host:
-        host = ""  # an IPv6 address without brackets: its port cannot be told apart
-    good_host = bool(host) and host.isprintable() and " " not in host
-    if not sep or not good_host or not port.isdigit() or not 1 <= int(port) <= 65535:
-        raise SettingError(f"JOBS_HTTP_ADDR must be host:port (or [v6]:port, or off), got {text!r}")
-    return host, int(port)
-
-
-def admin_token(text: str | None) -> str | None:
-    """JOBS_ADMIN_TOKEN: the admin page's token; unset or empty turns the page off."""
-    if not text:
-        return None
-    if len(text) < MIN_ADMIN_TOKEN or not text.isprintable() or text != text.strip():
-        # The value is never quoted: it is a secret, and may be one mistyped.
-        raise SettingError(
-            f"JOBS_ADMIN_TOKEN must be at least {MIN_ADMIN_TOKEN} printable characters without"
-            " surrounding spaces (try: openssl rand -hex 32)"
-        )
-    return text
+# Each field's environment variable: what from_env reads, and all it reads
+# (the README's settings table is checked against it).
+ENV: dict[str, str] = {f.name: f.metadata["env"] for f in fields(Settings)}
 
 
 def dsn_password(dsn: str) -> str | None:

@@ -1,9 +1,13 @@
-"""The registry: one constructor per queue. A new queue is one line here."""
+"""The registry: one constructor per queue. A new queue is one line in
+REGISTRY; one that needs a setting gets it bound in registry()."""
 
 from collections.abc import Callable
+from functools import update_wrapper
+from typing import Any
 
 from lib.db import DB
 from lib.poller import Poller
+from lib.settings import Settings
 from queues import anthropic, apollo, caches, github, maintenance, slack
 
 REGISTRY: list[Callable[[DB], Poller]] = [
@@ -14,3 +18,31 @@ REGISTRY: list[Callable[[DB], Poller]] = [
     anthropic.make_worker,
     apollo.make_worker,
 ]
+
+
+def registry(settings: Settings) -> list[Callable[[DB], Poller]]:
+    """REGISTRY, in its order, with each queue's settings bound in: what
+    worker.main runs. Entries stay functions of the pool alone, so a test (or
+    the registry check) builds them as it builds REGISTRY's. REGISTRY's own
+    entries run on the defaults: every API queue off, as without a token."""
+    bound = {
+        maintenance.make_worker: _bind(maintenance.make_worker, retention_days=settings.retention_days),
+        # Without its token an API queue is off, and the worker says so at start.
+        github.make_worker: _bind(github.make_worker, token=settings.github_token, base_url=settings.github_base_url),
+        slack.make_worker: _bind(slack.make_worker, token=settings.slack_bot_token, base_url=settings.slack_base_url),
+        anthropic.make_worker: _bind(
+            anthropic.make_worker, token=settings.anthropic_api_key, base_url=settings.anthropic_base_url
+        ),
+        apollo.make_worker: _bind(apollo.make_worker, token=settings.apollo_api_key, base_url=settings.apollo_base_url),
+    }
+    return [bound.get(make, make) for make in REGISTRY]
+
+
+def _bind(make: Callable[..., Poller], **values: Any) -> Callable[[DB], Poller]:
+    """make with values bound, named as make (the registry check's label).
+    Not a functools.partial: its repr shows the values, a token among them."""
+
+    def bound(db: DB) -> Poller:
+        return make(db, **values)
+
+    return update_wrapper(bound, make)

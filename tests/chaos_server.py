@@ -29,6 +29,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg2
 
 from lib import embedded
+from lib.settings import Settings
 
 
 class ChaosServer:
@@ -43,8 +44,10 @@ class ChaosServer:
             # As root the server runs as postgres, which must pass through.
             base_dir.chmod(0o711)
         self.pgdata = (base_dir / "pgdata").resolve()
+        # The binaries JOBS_EMBEDDED names, as the worker would take them.
+        self.source = Settings.from_environ().embedded
         try:
-            self.url: str = embedded.start(self.pgdata)
+            self.url: str = embedded.start(self.pgdata, self.source)
         except BaseException:
             self._remove_dir()
             raise
@@ -79,7 +82,7 @@ class ChaosServer:
         # Same socket, so clients reconnect by the URL they hold: a short path
         # keeps its socket in the data folder (a long one would get a new
         # folder in /tmp).
-        assert embedded.start(self.pgdata) == self.url
+        assert embedded.start(self.pgdata, self.source) == self.url
         self.restarts += 1
 
     def terminate_backends(self, application_name_like: str | None = None, limit: int | None = None) -> int:

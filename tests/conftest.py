@@ -4,7 +4,7 @@ monkey.patch_all()  # before anything imports socket, ssl or threading users
 
 import os  # noqa: E402
 import uuid  # noqa: E402
-from collections.abc import Iterator  # noqa: E402
+from collections.abc import Callable, Iterator, Mapping  # noqa: E402
 from contextlib import contextmanager  # noqa: E402
 from pathlib import Path  # noqa: E402
 from urllib.parse import urlsplit, urlunsplit  # noqa: E402
@@ -17,6 +17,7 @@ from sentry_sdk.transport import Transport  # noqa: E402
 from lib import embedded, errors  # noqa: E402
 from lib.db import DB  # noqa: E402
 from lib.migrate import migrate  # noqa: E402
+from lib.settings import Settings  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -34,7 +35,7 @@ def _with_database(url: str, name: str) -> str:
 @pytest.fixture(scope="session")
 def server_url() -> str:
     """The server the suite runs on: DATABASE_URL, else the embedded one."""
-    return embedded.database_url(ROOT / ".pgdata" / "test")
+    return embedded.database_url(Settings.from_environ(), ROOT / ".pgdata" / "test")
 
 
 @contextmanager
@@ -92,6 +93,20 @@ def sentry_events() -> Iterator[list[dict]]:
     yield transport.events
     sentry_sdk.get_client().close()
     sentry_sdk.init()  # back to no client: later tests send nothing
+
+
+@pytest.fixture
+def settings_of(monkeypatch: pytest.MonkeyPatch) -> Callable[[Mapping[str, str]], Settings]:
+    """settings_of(env): the settings worker.main would read from env, their
+    secrets masked by lib.errors as worker.main has them masked, until the test ends."""
+
+    def read(env: Mapping[str, str]) -> Settings:
+        settings = Settings.from_env(env)
+        monkeypatch.setattr(errors, "_secrets", [])  # put back as it was after the test
+        errors.configure(settings)
+        return settings
+
+    return read
 
 
 @pytest.fixture

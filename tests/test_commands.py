@@ -366,9 +366,7 @@ def test_db_url_of_the_embedded_server_is_one_psql_takes():
     env |= {"JOBS_EMBEDDED": "system", "JOBS_DATA_DIR": str(base)}
     try:
         # This process stands for a running worker: the server stops with its last user.
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setenv("JOBS_EMBEDDED", "system")
-            running = embedded.start(base)
+        running = embedded.start(base, "system")
         done = subprocess.run(
             [sys.executable, "worker.py", "db-url"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
         )

@@ -23,6 +23,7 @@ import pytest
 from packaging.requirements import Requirement
 
 from lib import embedded
+from lib.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -36,8 +37,8 @@ SOURCES = [
 
 @pytest.fixture(params=SOURCES)
 def source(request, monkeypatch) -> str:
-    """Which binaries start the server (JOBS_EMBEDDED), for this process and
-    the subprocesses it starts."""
+    """Which binaries start the server: passed to embedded.start, and
+    JOBS_EMBEDDED for the subprocesses the test starts."""
     monkeypatch.setenv("JOBS_EMBEDDED", request.param)
     monkeypatch.delenv("DATABASE_URL", raising=False)
     return request.param
@@ -144,12 +145,12 @@ def test_server_is_reachable_by_its_user_alone(source, base):
     above = modes_above(data_dir)
     users = Path("/etc/passwd").read_text()
 
-    url = embedded.start(data_dir)
+    url = embedded.start(data_dir, source)
     assert_private(url, data_dir)
     assert modes_above(data_dir) == above
     assert Path("/etc/passwd").read_text() == users
     # A second start finds it running and hands out the same URL.
-    assert embedded.start(data_dir) == url
+    assert embedded.start(data_dir, source) == url
 
 
 def test_a_long_path_with_a_space_and_a_percent_works(source, base):
@@ -163,9 +164,9 @@ def test_a_long_path_with_a_space_and_a_percent_works(source, base):
     checkout.chmod(0o711)
     data_dir = checkout / ".pgdata"
 
-    url = embedded.start(data_dir)
+    url = embedded.start(data_dir, source)
     assert_private(url, data_dir)
-    assert embedded.start(data_dir) == url, "the socket folder is kept, not made anew at each start"
+    assert embedded.start(data_dir, source) == url, "the socket folder is kept, not made anew at each start"
     socket_dir = Path(psycopg2.extensions.parse_dsn(url)["host"])
     embedded.stop(data_dir)
     assert not socket_dir.exists(), "a stopped server leaves no folder in /tmp"
@@ -181,7 +182,7 @@ from lib import embedded
 
 print("ready", flush=True)
 sys.stdin.readline()  # the test says go to both at once
-url = embedded.start(Path(sys.argv[1]))
+url = embedded.start(Path(sys.argv[1]), sys.argv[2])
 conn = psycopg2.connect(url)
 with conn.cursor() as cur:
     cur.execute("SELECT pg_postmaster_start_time()::text, current_setting('data_directory')")
@@ -198,7 +199,7 @@ def test_two_processes_starting_at_once_share_one_server(source, base):
     data_dir = base / "pgdata"
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", TWO_STARTS, str(data_dir)],
+            [sys.executable, "-c", TWO_STARTS, str(data_dir), source],
             cwd=ROOT,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -234,12 +235,12 @@ def test_two_processes_starting_at_once_share_one_server(source, base):
 def test_a_server_that_cannot_start_says_why(source, base):
     """The error carries the server's own words, not just an exit status."""
     data_dir = base / "pgdata"
-    embedded.start(data_dir)
+    embedded.start(data_dir, source)
     stop_servers_under(base)
     with (data_dir / source / "postgresql.conf").open("a") as conf:
         conf.write("shared_buffers = 'plenty'\n")
     with pytest.raises(Exception) as failed:
-        embedded.start(data_dir)
+        embedded.start(data_dir, source)
     assert 'invalid value for parameter "shared_buffers"' in str(failed.value)
 
 
@@ -267,19 +268,18 @@ def test_pgserver_is_required_only_where_it_has_a_wheel():
     assert all(r.marker is None for name, r in reqs.items() if name != "pgserver")
 
 
-def test_falls_back_to_a_postgres_found_on_the_machine(monkeypatch, base):
+def test_falls_back_to_a_postgres_found_on_the_machine(base):
     """JOBS_EMBEDDED=system skips pgserver: initdb and postgres from the
     machine's PostgreSQL start a private server."""
     if not HAVE_SYSTEM:
         pytest.skip("no PostgreSQL on this machine")
-    monkeypatch.setenv("JOBS_EMBEDDED", "system")
-    monkeypatch.delenv("DATABASE_URL", raising=False)
+    settings = Settings.from_env({"JOBS_EMBEDDED": "system", "JOBS_DATA_DIR": str(base)})
     data_dir = base / "system"
-    url = embedded.database_url(base)
+    url = embedded.database_url(settings)
     conn = psycopg2.connect(url)
     with conn.cursor() as cur:
         cur.execute("SHOW data_directory")
         assert cur.fetchone() == (str(data_dir),)
     conn.close()
     # A second start finds it running and hands out the same URL.
-    assert embedded.database_url(base) == url
+    assert embedded.database_url(settings) == url

@@ -7,6 +7,7 @@ import sentry_sdk
 from tests_support import run_python
 
 from lib import errors
+from lib.settings import Settings
 
 SECRETS = {
     "GITHUB_TOKEN": "sekret-TOKEN-1234",
@@ -17,10 +18,8 @@ SECRETS = {
 DB_PASSWORD = "pw-SEKRET-5678"
 
 
-def test_before_send_masks_the_configured_secrets_everywhere(sentry_events, monkeypatch):
-    for var, value in SECRETS.items():
-        monkeypatch.setenv(var, value)
-    monkeypatch.setenv("DATABASE_URL", f"postgresql://jobs:{DB_PASSWORD}@db.example:5432/jobs")
+def test_before_send_masks_the_configured_secrets_everywhere(sentry_events, settings_of):
+    settings_of({**SECRETS, "DATABASE_URL": f"postgresql://jobs:{DB_PASSWORD}@db.example:5432/jobs"})
     everything = " ".join([*SECRETS.values(), DB_PASSWORD])
     # A log record becomes a breadcrumb of the next event.
     logging.getLogger("jobs.test").warning("about to fail: %s", everything)
@@ -45,26 +44,26 @@ def test_before_send_masks_the_configured_secrets_everywhere(sentry_events, monk
     assert "boom [redacted]" in dump and "inner [redacted]" in dump
 
 
-def test_secrets_from_env_reads_the_tokens_and_the_database_password(monkeypatch):
-    for var, value in SECRETS.items():
-        monkeypatch.setenv(var, f" {value}\n")  # the clients strip them; so does this
-    monkeypatch.setenv("DATABASE_URL", "postgresql://jobs:p%40ss%2Fword@db.example/jobs")
-    found = errors.secrets_from_env()
+def test_the_secrets_are_the_settings_tokens_and_database_passwords(settings_of):
+    env = {var: f" {value}\n" for var, value in SECRETS.items()}  # the settings strip them
+    settings_of({**env, "DATABASE_URL": "postgresql://jobs:p%40ss%2Fword@db.example/jobs"})
+    # What every event, stored traceback and job status is masked of from now on.
+    found = errors.configured_secrets()
     assert set(SECRETS.values()) <= set(found)
     # As libpq reads it, and as written in the URL.
     assert {"p@ss/word", "p%40ss%2Fword"} <= set(found)
 
-    monkeypatch.setenv("DATABASE_URL", f"host=db.example user=jobs password={DB_PASSWORD} dbname=jobs")
-    assert DB_PASSWORD in errors.secrets_from_env()
-    monkeypatch.setenv("DATABASE_URL", f"postgresql://db.example/jobs?user=jobs&password={DB_PASSWORD}")
-    assert DB_PASSWORD in errors.secrets_from_env()
-    # A URL no parser accepts (urlsplit and libpq refuse it) still has its password found.
-    monkeypatch.setenv("DATABASE_URL", f"postgresql://jobs:{DB_PASSWORD}@[::1/jobs")
-    assert DB_PASSWORD in errors.secrets_from_env()
-    monkeypatch.delenv("DATABASE_URL")
-    for var in SECRETS:
-        monkeypatch.delenv(var)
-    assert errors.secrets_from_env() == []
+    for url in (
+        f"host=db.example user=jobs password={DB_PASSWORD} dbname=jobs",
+        f"postgresql://db.example/jobs?user=jobs&password={DB_PASSWORD}",
+        # A URL no parser accepts (urlsplit and libpq refuse it) still has its password found.
+        f"postgresql://jobs:{DB_PASSWORD}@[::1/jobs",
+    ):
+        assert DB_PASSWORD in errors.settings_secrets(Settings(database_url=url)), url
+    assert DB_PASSWORD in errors.settings_secrets(Settings(direct_url=f"postgresql://u:{DB_PASSWORD}@h/db"))
+    admin = "admin-SEKRET-" + "x" * 16
+    assert errors.settings_secrets(Settings(admin_token=admin)) == [admin]
+    assert errors.settings_secrets(Settings()) == []
 
 
 def test_mask_walks_every_container_and_leaves_the_rest():
@@ -86,7 +85,9 @@ _WITHOUT_GEVENT = """
 import sys
 sys.modules["gevent"] = sys.modules["greenlet"] = None  # as if not installed: importing them fails
 from lib import errors
-print(errors.mask({"m": ["a s3cr3t"]}, errors.secrets_from_env()))
+from lib.settings import Settings
+errors.configure(Settings.from_environ())
+print(errors.mask({"m": ["a s3cr3t"]}, errors.configured_secrets()))
 """
 
 

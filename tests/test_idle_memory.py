@@ -23,11 +23,11 @@ import os, signal, sys
 import gevent
 
 import worker
-from queues import REGISTRY
+from queues import registry
 from queues.schedule import SCHEDULE
 
 gevent.spawn_later(3, os.kill, os.getpid(), signal.SIGTERM)
-code = worker.main(REGISTRY, [], schedule=SCHEDULE)  # as `python worker.py`
+code = worker.main(registry, [], schedule=SCHEDULE)  # as `python worker.py`
 heavy = (
     "sentry_sdk", "requests", "urllib3", "jinja2", "tqdm", "lib.admin", "lib.commands",
     "lib.embedded", "pythonjsonlogger", "lib.registry_check", "pglast", "psutil", "gevent.threadpool", "uuid",

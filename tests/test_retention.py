@@ -5,8 +5,9 @@ from tests_support import count_jobs
 
 from lib.insert import insert
 from lib.poller import Poller
+from lib.settings import Settings
 from lib.sql import Q, statement
-from queues import caches, maintenance
+from queues import caches, maintenance, registry
 
 
 def test_retention_deletes_old_finished_rows_only(db):
@@ -35,6 +36,21 @@ def test_retention_deletes_old_finished_rows_only(db):
 def test_retention_runs_as_a_job_of_the_maintenance_queue(db):
     insert(db, "maintenance", "maintenance.CleanUpJobs")
     assert maintenance.make_worker(db).work_once() == "skip: nothing old enough"
+
+
+def test_the_registry_gives_maintenance_the_retention_of_the_settings(db):
+    """JOBS_RETENTION_DAYS reaches the queue through queues.registry: rows
+    finished 3 days ago stay at the default (14) and go at 2 days."""
+    job = insert(db, "r", "r.N")
+    db.exec("UPDATE jobs SET status = 'ok', finished_at = now() - interval '3 days' WHERE id = %s", (job,))
+
+    def clean_up_with(env: dict[str, str]) -> str:
+        [make] = [m for m in registry(Settings.from_env(env)) if m.__module__ == "queues.maintenance"]
+        insert(db, "maintenance", "maintenance.CleanUpJobs")
+        return make(db).work_once()
+
+    assert clean_up_with({}) == "skip: nothing old enough"
+    assert clean_up_with({"JOBS_RETENTION_DAYS": "2"}) == "ok: deleted 1"
 
 
 def test_caches_age_deletes_expired_entries(db):

@@ -82,6 +82,19 @@ def test_the_password_is_found_and_masked_in_every_form_of_dsn():
         ("JOBS_POOLER", "pgbouncer"),
         ("JOBS_POLL_INTERVAL", "0"),
         ("JOBS_POLL_INTERVAL", "soon"),
+        ("JOBS_RETENTION_DAYS", "abc"),
+        ("JOBS_RETENTION_DAYS", "0"),
+        ("JOBS_RETENTION_DAYS", "-3"),
+        ("JOBS_RETENTION_DAYS", "1.5"),
+        ("JOBS_RETENTION_DAYS", "99999999"),
+        ("JOBS_EMBEDDED", "docker"),
+        ("GITHUB_BASE_URL", "api.github.com"),
+        ("SLACK_BASE_URL", "ftp://slack.example/api"),
+        ("ANTHROPIC_BASE_URL", "http://"),
+        ("APOLLO_BASE_URL", "https://api.apollo.io:99999/api/v1"),
+        ("SENTRY_DSN", "not a dsn"),
+        ("SENTRY_DSN", "https://sentry.example/1"),
+        ("SENTRY_DSN", "https://key@sentry.example/project"),
     ],
 )
 def test_a_bad_setting_stops_the_worker_with_its_name(name, value):
@@ -159,13 +172,13 @@ def test_a_name_read_from_a_row_cannot_forge_a_log_line(db, database_url, tmp_pa
     assert any("probe.Sleep\\n2026-01-01" in line for line in lines)
 
 
-def test_a_fault_quoting_the_database_password_is_stored_without_it(db, monkeypatch):
+def test_a_fault_quoting_the_database_password_is_stored_without_it(db, settings_of):
     """A handler's error that quotes a configured secret (the password, in a
     DSN it printed) is stored in the row, status and traceback, masked."""
     from lib.poller import Poller
 
     password = "SEKRET-in-a-message-31"
-    monkeypatch.setenv("DATABASE_URL", f"postgresql://u:{password}@db.example/jobs")
+    settings_of({"DATABASE_URL": f"postgresql://u:{password}@db.example/jobs"})
 
     def handler(job):
         raise RuntimeError(f"could not reach postgresql://u:{password}@db.example/jobs")
@@ -175,6 +188,43 @@ def test_a_fault_quoting_the_database_password_is_stored_without_it(db, monkeypa
     row = db.query_row("SELECT status, last_error, last_traceback FROM jobs")
     assert status.startswith("err: RuntimeError: could not reach")
     assert all(password not in text for text in row), row
+
+
+def test_a_real_worker_masks_the_secrets_of_its_settings(db, database_url, tmp_path):
+    """worker.main hands the settings' secrets to the masks: a fault quoting
+    a token (of a queue this worker does not even run) and the admin token is
+    stored, logged and reported with both masked."""
+    token, admin = "SEKRET-gh-8080", "SEKRET-admin-" + "x" * 16
+    insert(db, "poison", "poison.Raise", {"text": f"upstream said {token} and {admin}"})
+    events_file, log_file = tmp_path / "events.jsonl", tmp_path / "worker.log"
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "JOBS_HTTP_ADDR": "off",
+        "DATABASE_URL": database_url,
+        "SENTRY_EVENTS_FILE": str(events_file),
+        "GITHUB_TOKEN": token,
+        "JOBS_ADMIN_TOKEN": admin,
+    }
+    with open(log_file, "w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "tests" / "apps" / "poison_worker.py")], env=env, stdout=log, stderr=log
+        )
+    try:
+        wait_for(lambda: db.query_row("SELECT status FROM jobs")[0].startswith("err:"), 30)
+        wait_for(events_file.exists, 10)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        proc.kill()
+    row = db.query_row("SELECT status, last_error, last_traceback FROM jobs")
+    assert row[0] == "err: RuntimeError: upstream said [redacted] and [redacted]"
+    places = {"row": " ".join(row), "log": log_file.read_text(), "sentry": events_file.read_text()}
+    assert {where: [s for s in (token, admin) if s in text] for where, text in places.items()} == {
+        "row": [],
+        "log": [],
+        "sentry": [],
+    }
+    assert "[redacted]" in places["sentry"] and "[redacted]" in places["log"]
 
 
 @pytest.mark.parametrize("fmt", ["text", "json"])

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
@@ -53,7 +52,7 @@ def utc_now() -> datetime:
 
 class NotConfigured(Exception):
     """The credential for a client is missing or unusable; the message names
-    the env var, never the credential."""
+    its setting (the environment variable), never the credential."""
 
 
 class InvalidArgument(ValueError):
@@ -227,14 +226,17 @@ def extract_message(body: Any, text: str) -> str:
 
 
 class APIClient:
-    """Base for one API: credential from argument or env, one Session, typed errors.
+    """Base for one API: credential and base URL from arguments (the worker's
+    settings, lib/settings.py, through queues.registry), one Session, typed errors.
 
     Subclasses set TOKEN_ENV, BASE_URL and BASE_URL_ENV, add their headers in
     ``_headers`` and map their API's error signals in ``_classify``.
     """
 
+    # The settings the token and the base URL come from, by their variables'
+    # names: what an error names. The clients never read the environment.
     TOKEN_ENV: ClassVar[str]
-    BASE_URL: ClassVar[str]
+    BASE_URL: ClassVar[str]  # the API's own, when no base_url is given
     BASE_URL_ENV: ClassVar[str]
     USER_AGENT: ClassVar[str] = "jobs-worker"
     # requests only strips the Authorization header when a redirect leaves the
@@ -257,12 +259,11 @@ class APIClient:
         session: requests.Session | None = None,
         now: Callable[[], datetime] = utc_now,
     ) -> None:
-        token = (token or os.environ.get(self.TOKEN_ENV, "")).strip()
+        token = (token or "").strip()
         if not token:
             raise NotConfigured(f"{self.TOKEN_ENV} is not set")
         self._token = _checked_token(token, self.TOKEN_ENV)
-        base = base_url or os.environ.get(self.BASE_URL_ENV, "").strip() or self.BASE_URL
-        self.base_url = base.rstrip("/")
+        self.base_url = (base_url or self.BASE_URL).rstrip("/")
         self.timeout = timeout
         self._owns_session = session is None
         if session is None:

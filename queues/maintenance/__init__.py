@@ -8,20 +8,19 @@ Finished rows are kept JOBS_RETENTION_DAYS (14 by default) for the operator:
 from __future__ import annotations
 
 import logging
-import os
 
 from lib import status, workers
 from lib.db import DB
 from lib.poller import PendingJob, Poller
+from lib.settings import DEFAULT_RETENTION_DAYS
 from lib.sql import Q
 
 log = logging.getLogger("jobs.maintenance")
 
-RETENTION_DAYS = int(os.environ.get("JOBS_RETENTION_DAYS", "14"))
 BATCH = 1000
 
 
-def clean_up_jobs(db: DB, days: int = RETENTION_DAYS, batch: int = BATCH) -> str:
+def clean_up_jobs(db: DB, days: int = DEFAULT_RETENTION_DAYS, batch: int = BATCH) -> str:
     if days < 1:
         raise ValueError(f"retention must be at least a day, got {days}")
     deleted = db.exec_in_batches(Q.job_delete_finished, {"days": days, "batch": batch})
@@ -29,9 +28,9 @@ def clean_up_jobs(db: DB, days: int = RETENTION_DAYS, batch: int = BATCH) -> str
     return status.ok(f"deleted {deleted}") if deleted else status.skip("nothing old enough")
 
 
-def clean_up(db: DB) -> str:
-    """The daily clean-up: old finished rows, then workers unseen for a day."""
-    done = clean_up_jobs(db)
+def clean_up(db: DB, days: int = DEFAULT_RETENTION_DAYS) -> str:
+    """The daily clean-up: finished rows older than days, then workers unseen for a day."""
+    done = clean_up_jobs(db, days)
     forgotten = workers.forget_gone(db)
     if not forgotten:
         return done
@@ -39,9 +38,11 @@ def clean_up(db: DB) -> str:
     return status.ok(f"{status.detail(done)}; forgot {forgotten} workers unseen for a day")
 
 
-def make_worker(db: DB) -> Poller:
+def make_worker(db: DB, retention_days: int = DEFAULT_RETENTION_DAYS) -> Poller:
+    """The queue, keeping finished rows retention_days (the settings', bound by queues.registry)."""
+
     def handle(job: PendingJob) -> str:
-        return clean_up(db)
+        return clean_up(db, retention_days)
 
     return Poller(
         "maintenance", db, {"maintenance.CleanUpJobs": handle}, job_timeout=3600, dedupe={"maintenance.CleanUpJobs"}

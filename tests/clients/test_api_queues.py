@@ -16,11 +16,13 @@ from gevent.event import Event
 from tests_support import paused, read_until, wait_for
 
 from lib import status as st
-from lib.clients import ApolloClient, GitHubClient, SlackClient
+from lib.clients import AnthropicClient, ApolloClient, GitHubClient, SlackClient
 from lib.db import DB
 from lib.insert import insert
+from lib.poller import Poller
 from lib.queue_state import AUTH_PREFIX, pause
-from queues import REGISTRY, anthropic, apollo, github, slack
+from lib.settings import Settings
+from queues import anthropic, apollo, github, registry, slack
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -198,20 +200,25 @@ def _without_tokens():
     return {k: v for k, v in os.environ.items() if not k.endswith(("_TOKEN", "_API_KEY"))}
 
 
-def _queues_on(env, monkeypatch) -> list[str]:
+def _pollers(env, db=None) -> dict[str, Poller]:
+    """The registry's pollers as the worker builds them under env, by queue,
+    in its order; on db, else on a pool that never connects (the
+    constructors only keep it)."""
+    db = db or DB("postgresql:///unused", size=1)
+    return {poller.queue: poller for poller in (make(db) for make in registry(Settings.from_env(env)))}
+
+
+def _queues_on(env) -> list[str]:
     """The registry's queues that are on under env, in its order (the worker's
     start line): derived, so a queue a user adds does not break the test."""
-    for var in set(os.environ) - set(env):
-        monkeypatch.delenv(var)
-    unused = DB("postgresql:///unused", size=1)  # the constructors only keep it
-    return [poller.queue for poller in (make(unused) for make in REGISTRY) if not poller.off]
+    return [queue for queue, poller in _pollers(env).items() if not poller.off]
 
 
-def test_worker_without_tokens_starts_and_says_which_queues_are_off(db, database_url, monkeypatch):
+def test_worker_without_tokens_starts_and_says_which_queues_are_off(db, database_url):
     """The real worker.py and registry: no token is set, so the API queues are
     off and said so once; the rest run. Starting also ends an auth pause."""
     pause(db, "caches", AUTH_PREFIX + "left over")
-    on = _queues_on(_without_tokens(), monkeypatch)
+    on = _queues_on(_without_tokens())
     assert "caches" in on and "github" not in on
     out = _run_worker(database_url, _without_tokens(), until=lambda: not paused(db))
     for queue, var in [
@@ -238,14 +245,39 @@ BAD_TOKEN = "sekret-TOKEN\n1234"  # pasted with a line break
         (apollo, "APOLLO_API_KEY"),
     ],
 )
-def test_a_token_with_a_line_break_turns_its_queue_off(db, monkeypatch, module, var):
+def test_a_token_with_a_line_break_turns_its_queue_off(module, var):
     """Not sent with every job to fail each one with the token in its text:
     the queue is off from the start, and the reason names the variable only."""
-    monkeypatch.setenv(var, BAD_TOKEN)
-    poller = module.make_worker(db)
+    poller = _pollers({var: BAD_TOKEN})[module.__name__.split(".")[-1]]
     assert poller.off is not None
     assert poller.off.startswith(f"{var} holds U+000A")
     assert "sekret" not in poller.off and "1234" not in poller.off
+
+
+# Each API queue, its client, and one job it runs.
+API_QUEUES = [
+    ("github", GitHubClient, "github.FetchUser", {"login": "octocat"}),
+    ("slack", SlackClient, "slack.PostMessage", {"channel": "C1", "text": "hi"}),
+    ("anthropic", AnthropicClient, "anthropic.Ask", {"key": "k", "prompt": "p"}),
+    ("apollo", ApolloClient, "apollo.EnrichOrganization", {"domain": "apollo.io"}),
+]
+
+
+@pytest.mark.parametrize(("queue", "cls", "name", "args"), API_QUEUES, ids=[q[0] for q in API_QUEUES])
+def test_the_registry_gives_each_api_queue_its_own_token_and_base_url(db, fake_api, queue, cls, name, args):
+    """queues.registry(settings): each queue's client is built from its own
+    two settings, the variables its client names (TOKEN_ENV, BASE_URL_ENV);
+    the others' tokens go nowhere near it."""
+    env = {c.TOKEN_ENV: f"{c.__name__}-token" for _, c, _, _ in API_QUEUES}
+    env |= {c.BASE_URL_ENV: "http://127.0.0.1:9" for _, c, _, _ in API_QUEUES}
+    env[cls.BASE_URL_ENV] = fake_api.url
+    poller = _pollers(env, db)[queue]
+    assert (poller.queue, poller.off) == (queue, None)
+    fake_api.reply(500, {"error": "down"})
+    insert(db, queue, name, args)
+    assert poller.work_once(stop=STOPPED).startswith("err: ServerError")
+    sent = " ".join(fake_api.last.headers.values())
+    assert [c.__name__ for _, c, _, _ in API_QUEUES if f"{c.__name__}-token" in sent] == [cls.__name__]
 
 
 def test_worker_says_once_that_a_bad_token_turned_its_queue_off(db, database_url):

@@ -30,6 +30,7 @@ from lib.clients.base import (
     parse_retry_after,
     parse_rfc3339,
 )
+from lib.settings import ENV, Settings
 
 # One representative call per client, with the path the fake API should see.
 CALLS: list[tuple[type[Any], Callable[[Any], Any], str]] = [
@@ -48,6 +49,12 @@ CALLS: list[tuple[type[Any], Callable[[Any], Any], str]] = [
 ]
 SUCCESS_BODY = {"ok": True, "id": 1}
 IDS = [cls.__name__ for cls, _, _ in CALLS]
+
+
+def setting(settings: Settings, env: str) -> Any:
+    """The value of the setting read from the variable env."""
+    [name] = [name for name, var in ENV.items() if var == env]
+    return getattr(settings, name)
 
 
 # --- header parsing --------------------------------------------------------
@@ -127,32 +134,20 @@ def test_api_error_str_and_attributes() -> None:
 
 @pytest.mark.parametrize("cls", [c for c, _, _ in CALLS], ids=IDS)
 @pytest.mark.parametrize("value", [None, "", "   "])
-def test_missing_token_env_raises_not_configured(
-    cls: type[Any], value: str | None, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    if value is None:
-        monkeypatch.delenv(cls.TOKEN_ENV, raising=False)
-    else:
-        monkeypatch.setenv(cls.TOKEN_ENV, value)
+def test_missing_token_raises_not_configured(cls: type[Any], value: str | None) -> None:
     with pytest.raises(NotConfigured) as info:
-        cls()
+        cls(value)
     assert cls.TOKEN_ENV in str(info.value)
 
 
 @pytest.mark.parametrize(("cls", "call", "path"), CALLS, ids=IDS)
-def test_token_and_base_url_from_env(
-    cls: type[Any],
-    call: Callable[[Any], Any],
-    path: str,
-    fake_api: Any,
-    token: str,
-    monkeypatch: pytest.MonkeyPatch,
+def test_token_and_base_url_from_the_settings(
+    cls: type[Any], call: Callable[[Any], Any], path: str, fake_api: Any, token: str
 ) -> None:
-    monkeypatch.setenv(cls.TOKEN_ENV, token)
-    monkeypatch.setenv(cls.BASE_URL_ENV, fake_api.url)
+    settings = Settings.from_env({cls.TOKEN_ENV: token, cls.BASE_URL_ENV: fake_api.url})
     fake_api.reply(200, SUCCESS_BODY)
 
-    client = cls()
+    client = cls(setting(settings, cls.TOKEN_ENV), base_url=setting(settings, cls.BASE_URL_ENV))
 
     assert client.base_url == fake_api.url
     assert call(client) == SUCCESS_BODY
@@ -160,8 +155,7 @@ def test_token_and_base_url_from_env(
     assert token in " ".join(fake_api.last.headers.values())
 
 
-def test_base_url_argument_beats_env(fake_api: Any, token: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("GITHUB_BASE_URL", "http://127.0.0.1:9")
+def test_base_url_argument_is_used_without_its_trailing_slash(fake_api: Any, token: str) -> None:
     client = GitHubClient(token, base_url=fake_api.url + "/")
     fake_api.reply(200, {"login": "octocat"})
 
@@ -169,9 +163,14 @@ def test_base_url_argument_beats_env(fake_api: Any, token: str, monkeypatch: pyt
     assert client.base_url == fake_api.url
 
 
-def test_default_base_urls_without_env(token: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_clients_never_read_the_environment(token: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The settings are read once, by lib/settings.py: a variable set later
+    (or read by no one) gives a client neither a token nor a base URL."""
     for cls, _, _ in CALLS:
-        monkeypatch.delenv(cls.BASE_URL_ENV, raising=False)
+        monkeypatch.setenv(cls.TOKEN_ENV, token)
+        monkeypatch.setenv(cls.BASE_URL_ENV, "http://127.0.0.1:9")
+        with pytest.raises(NotConfigured):
+            cls()
     assert GitHubClient(token).base_url == "https://api.github.com"
     assert SlackClient(token).base_url == "https://slack.com/api"
     assert AnthropicClient(token).base_url == "https://api.anthropic.com"
@@ -382,13 +381,11 @@ BAD_TOKEN_PIECES = ("sekret", "1234")
     ],
     ids=["newline", "crlf", "space", "tab", "nul", "del", "line-separator", "nbsp"],
 )
-def test_token_with_whitespace_or_control_character_is_refused(
-    cls: type[Any], bad: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_token_with_whitespace_or_control_character_is_refused(cls: type[Any], bad: str) -> None:
     if "\x00" not in bad:  # the environment cannot hold a NUL; an argument can
-        monkeypatch.setenv(cls.TOKEN_ENV, bad)
+        # As the worker reads it: the settings keep it (stripped), and building the client refuses it.
         with pytest.raises(NotConfigured) as info:
-            cls()
+            cls(setting(Settings.from_env({cls.TOKEN_ENV: bad}), cls.TOKEN_ENV))
         reason = str(info.value)
         assert cls.TOKEN_ENV in reason
         assert not any(piece in reason for piece in BAD_TOKEN_PIECES), reason

@@ -18,6 +18,7 @@ from gevent.event import Event
 
 from lib.clients import AnthropicClient, ApolloClient, GitHubClient, SlackClient
 from lib.insert import insert
+from lib.settings import ENV
 from queues import anthropic, apollo, github, slack
 
 SECRET = "sekret-TOKEN-1234"
@@ -110,16 +111,17 @@ def clean(db):
     ids=[q[0].__name__.split(".")[-1] for q in QUEUES],
 )
 def test_the_token_goes_only_to_its_api_in_its_header(
-    db, clean, fake_api, sentry_events, caplog, monkeypatch, module, var, base_var, name, args, ok_body, header, value
+    db, clean, fake_api, sentry_events, caplog, settings_of, module, var, base_var, name, args, ok_body, header, value
 ):
     """A success, a failure whose body echoes the token (an err: reported to
     Sentry) and a rejection that echoes it (the queue paused, reported once):
     the token is in no other header, no job or queue row, no log line and no
     Sentry event."""
     caplog.set_level(logging.DEBUG)
-    monkeypatch.setenv(var, SECRET)
-    monkeypatch.setenv(base_var, fake_api.url)
-    worker = module.make_worker(db, now=lambda: NOW)
+    settings = settings_of({var: SECRET, base_var: fake_api.url})
+    [token] = settings.secrets()
+    base_url = next(getattr(settings, f) for f, env in ENV.items() if env == base_var)
+    worker = module.make_worker(db, token=token, base_url=base_url, now=lambda: NOW)
     assert worker.off is None
     fake_api.reply(200, ok_body)
     fake_api.reply(500, {"message": f"boom, your token {SECRET} broke us", "error": f"token {SECRET}"})
