@@ -301,7 +301,8 @@ def processes_cpu() -> dict[int, tuple[str, float]]:
             command = command or (entry / "comm").read_text().strip()
         except OSError:
             continue
-        seen[pid] = (command[:100], stat.cpu)
+        # One line: a command line may hold newlines (python -c "...").
+        seen[pid] = (" ".join(command.split())[:100], stat.cpu)
     return seen
 
 
