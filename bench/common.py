@@ -150,7 +150,6 @@ class ServerMeter:
     def __init__(self, admin: psycopg2.extensions.connection, dbname: str) -> None:
         self.admin = admin
         self.dbname = dbname
-        self.ticks = os.sysconf("SC_CLK_TCK")
 
     def _one(self, sql: str) -> Any:
         with self.admin.cursor() as cur:
@@ -172,26 +171,140 @@ class ServerMeter:
         deadline = time.monotonic() + 10
         while self.backends() and time.monotonic() < deadline:
             time.sleep(0.05)
-        sql = "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = %(db)s"
-        count, previous = int(self._one(sql)), -1
+        count, previous = self.xacts_reported(), -1
         while count != previous and time.monotonic() < deadline:
             time.sleep(0.2)
-            count, previous = int(self._one(sql)), count
+            count, previous = self.xacts_reported(), count
         return count
+
+    def xacts_reported(self) -> int:
+        """The count as the server has it now, without waiting: what connected
+        backends did lately may not be in it yet (a busy backend reports at
+        most once a second, an idle one up to 10 s after it went idle)."""
+        sql = "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = %(db)s"
+        return int(self._one(sql))
 
     def cpu_seconds(self, pids: list[int]) -> float | None:
         """utime + stime of the given postgres processes, when they are on this
         machine and visible here (not for a remote or containerised server)."""
-        total = 0
+        total = 0.0
         for pid in pids:
-            try:
-                if Path(f"/proc/{pid}/comm").read_text().strip() != "postgres":
-                    return None
-                fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-            except OSError:
+            seconds = postgres_cpu_seconds(pid)
+            if seconds is None:
                 return None
-            total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15 of stat)
-        return total / self.ticks
+            total += seconds
+        return total
+
+    def postmaster(self) -> int | None:
+        """The server's postmaster, as the parent of one of the database's
+        backends, when the server runs on this machine; None when no backend
+        is connected or its processes are not visible here."""
+        for pid in self.backends():
+            stat = proc_stat(pid) if postgres_cpu_seconds(pid) is not None else None
+            if stat is not None:
+                return stat.parent
+        return None
+
+
+# ---------------------------------------------------------------- CPU from /proc
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class ProcStat:
+    """The fields of /proc/<pid>/stat that CPU accounting needs, in seconds."""
+
+    parent: int
+    cpu: float  # utime + stime: the process's own threads
+    children: float  # cutime + cstime: its children that have exited and been waited for
+
+
+def proc_stat(pid: int) -> ProcStat | None:
+    """None once the process is gone (or not visible here)."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The name in parentheses may hold spaces; the fields after it are plain.
+    fields = text.rpartition(")")[2].split()
+    # ppid, utime, stime, cutime, cstime: fields 4, 14, 15, 16, 17 of proc(5).
+    parent, utime, stime, cutime, cstime = (int(fields[i]) for i in (1, 11, 12, 13, 14))
+    return ProcStat(parent, (utime + stime) / TICKS, (cutime + cstime) / TICKS)
+
+
+def process_cpu_seconds(pid: int) -> float | None:
+    """CPU time of a process on this machine, every thread of it; None once it is gone."""
+    stat = proc_stat(pid)
+    return None if stat is None else stat.cpu
+
+
+def postgres_cpu_seconds(pid: int) -> float | None:
+    """CPU time of a postgres process; None when pid is not one here."""
+    try:
+        if Path(f"/proc/{pid}/comm").read_text().strip() != "postgres":
+            return None
+    except OSError:
+        return None
+    return process_cpu_seconds(pid)
+
+
+def server_cpu_seconds(postmaster: int) -> float | None:
+    """CPU time of the whole server: the postmaster, every process it runs now
+    (backends of every database, the WAL writer, the checkpointer, autovacuum)
+    and those it has already waited for (the postmaster's children time), so
+    that a backend that came and went between two reads is counted too."""
+    root = proc_stat(postmaster)
+    if root is None:
+        return None
+    total = root.cpu + root.children
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            stat = proc_stat(int(entry.name))
+            if stat is not None and stat.parent == postmaster:
+                total += stat.cpu
+    return total
+
+
+@dataclass(frozen=True)
+class MachineCpu:
+    """Seconds of CPU time the whole machine spent, summed over its cores, from /proc/stat."""
+
+    busy: float  # user, nice, system, irq, softirq: every process's work, this benchmark's and others'
+    idle: float  # idle and iowait
+    steal: float  # taken by the hypervisor for other guests: a shared VM's cores are not all its own
+    # Interrupts, in busy but charged to no process: the loopback TCP between
+    # client and server is handled here.
+    irq: float
+
+
+def machine_cpu() -> MachineCpu:
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    user, nice, system, idle, iowait, irq, softirq = fields[:7]
+    steal = fields[7] if len(fields) > 7 else 0
+    busy = user + nice + system + irq + softirq
+    return MachineCpu(busy / TICKS, (idle + iowait) / TICKS, steal / TICKS, (irq + softirq) / TICKS)
+
+
+def processes_cpu() -> dict[int, tuple[str, float]]:
+    """Every process visible here: pid -> (its command line, cut short, or its
+    name; its CPU seconds): to name what else ran on the machine meanwhile."""
+    seen: dict[int, tuple[str, float]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        stat = proc_stat(pid)
+        if stat is None:
+            continue
+        try:
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+            command = command or (entry / "comm").read_text().strip()
+        except OSError:
+            continue
+        # One line: a command line may hold newlines (python -c "...").
+        seen[pid] = (" ".join(command.split())[:100], stat.cpu)
+    return seen
 
 
 # ---------------------------------------------------------------- commit rate
