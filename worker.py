@@ -7,6 +7,7 @@ import os  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
 from collections.abc import Callable, Sequence  # noqa: E402
+from dataclasses import replace  # noqa: E402
 from datetime import UTC, datetime, timedelta  # noqa: E402
 from functools import partial  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -24,7 +25,7 @@ from lib.leases import Leases  # noqa: E402
 from lib.migrate import migrate  # noqa: E402
 from lib.poller import FINALIZING, Poller  # noqa: E402
 from lib.queue_state import AUTH_PREFIX, pause, resume  # noqa: E402
-from lib.settings import DEFAULT_LEASE_SECONDS, DEFAULT_SHUTDOWN_WINDOW, SettingError, Settings  # noqa: E402
+from lib.settings import SettingError, Settings  # noqa: E402
 from lib.sql import Q  # noqa: E402
 from lib.supervise import Supervisor  # noqa: E402
 from lib.wakeups import Listener  # noqa: E402
@@ -35,6 +36,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("jobs.worker")
 
 Registry = Sequence[Callable[[DB], Poller]]
+
+# run()'s default: the defaults, without HTTP endpoints (a test's worker).
+NO_HTTP = Settings(http_addr=None)
 
 # The pool's ceiling: one connection per poller slot, and a few for the lease
 # keeper and the clock, so that every handler's own queries can run at once.
@@ -65,19 +69,12 @@ def main(registry: Registry, argv: Sequence[str] | None = None, schedule: Sequen
 
         # Only the URL: no pool, no migration.
         return commands.db_url(url, args, sys.stdout)
-    db = _connect(url, size=len(registry) + POOL_BUFFER)
+    db = _connect(url, size=len(registry) + POOL_BUFFER, pooled=settings.pooled)
     try:
         migrate(db)
         if args.command in (None, "run"):
-            return run(
-                db,
-                registry,
-                shutdown_window=args.shutdown_window,
-                lease=settings.lease_seconds,
-                schedule=schedule,
-                http_addr=settings.http_addr,
-                admin_token=settings.admin_token,
-            )
+            # --shutdown-window, when given, over JOBS_SHUTDOWN_WINDOW.
+            return run(db, registry, replace(settings, shutdown_window=args.shutdown_window), schedule=schedule)
         return _operate(db, args, registry)
     finally:
         db.close()
@@ -101,14 +98,14 @@ def _embedded_url() -> str:
     return embedded.database_url()
 
 
-def _connect(url: str, size: int) -> DB:
+def _connect(url: str, size: int, pooled: bool) -> DB:
     """The pool, once the database answers: a worker started while it is down
     (a host reboot, say) waits for it instead of dying, and reports once."""
     outage = Outage("database at start")
     wait = 1.0
     while True:
         try:
-            db = DB.connect(url, size=size)
+            db = DB.connect(url, size=size, pooled=pooled)
         except Exception as exc:
             if not is_conn_failure(exc):
                 raise
@@ -160,19 +157,16 @@ def _operate(db: DB, args: "Namespace | SimpleNamespace", registry: Registry) ->
 def run(
     db: DB,
     registry: Registry,
+    settings: Settings = NO_HTTP,
     *,
-    shutdown_window: float = DEFAULT_SHUTDOWN_WINDOW,
-    lease: float = DEFAULT_LEASE_SECONDS,
     schedule: Sequence[Scheduled] = (),
     stop: Event | None = None,
     supervisor: Supervisor | None = None,
-    http_addr: tuple[str, int] | None = None,
-    admin_token: str | None = None,
 ) -> int:
     """One supervised greenlet per poller slot, and the listener, the lease
-    keeper, the clock and the HTTP endpoints (at http_addr; None: none),
-    until SIGTERM/SIGINT (or stop); then stop claiming, give running jobs the
-    shutdown window, and write off the rest."""
+    keeper, the clock and the HTTP endpoints (at settings.http_addr; None:
+    none), until SIGTERM/SIGINT (or stop); then stop claiming, give running
+    jobs the shutdown window, and write off the rest."""
     stop = stop or Event()
     supervisor = supervisor or Supervisor(stop)
     # One report for an outage of the database, not one per queue or part.
@@ -180,7 +174,8 @@ def run(
     pollers, registered = _start_pollers(db, registry)
     # Before any part starts: a start-up report, not a step in their timing.
     _say_unrun(db, registered)
-    leases = Leases(db, lease=lease, legacy_age=max((p.job_timeout for p in pollers), default=600.0) + 60)
+    legacy_age = max((p.job_timeout for p in pollers), default=600.0) + 60
+    leases = Leases(db, lease=settings.lease_seconds, legacy_age=legacy_age)
     leases.outage = outage
     leases.seen = workers.register(db, leases.worker_id, [p.queue for p in pollers], leases.lease)
     for poller in pollers:
@@ -189,25 +184,41 @@ def run(
     slots = sum(p.concurrency for p in pollers)
     if slots > len(pollers):
         db.grow(slots - len(pollers))
-    listener = Listener(
-        db.dsn,
-        wake=_router(pollers),
-        wake_all=lambda: _wake(pollers),
-        outage=outage,
-        state=queue_state.logger({p.queue for p in pollers}),
+    listen_url = settings.listen_url(db.dsn)
+    if listen_url is None:
+        log.warning(
+            "JOBS_POOLER=transaction and no DATABASE_DIRECT_URL: no LISTEN, so no wakeups;"
+            " every queue polls every %gs (JOBS_POLL_INTERVAL)",
+            settings.queue_poll_interval(listening=False),
+        )
+    poll = settings.queue_poll_interval(listening=listen_url is not None)
+    for poller in pollers:
+        poller.poll_interval = min(poller.poll_interval, poll or poller.poll_interval)
+    listener = (
+        Listener(
+            listen_url,
+            wake=_router(pollers),
+            wake_all=lambda: _wake(pollers),
+            outage=outage,
+            state=queue_state.logger({p.queue for p in pollers}),
+        )
+        if listen_url is not None
+        else None
     )
     for signum in (signal.SIGTERM, signal.SIGINT):
         gevent.signal_handler(signum, stop.set)
     blocked.watch(leases.lease / 3)
 
-    helpers = [supervisor.spawn("leases", leases.run), supervisor.spawn("listener", listener.run)]
+    helpers = [supervisor.spawn("leases", leases.run)]
+    if listener is not None:
+        helpers.append(supervisor.spawn("listener", listener.run))
     if schedule:
         helpers.append(supervisor.spawn("clock", Clock(db, list(schedule)).run))
-    if http_addr is not None:
+    if settings.http_addr is not None:
         server = httpd.for_worker(
             db,
-            http_addr,
-            admin_token=admin_token,
+            settings.http_addr,
+            admin_token=settings.admin_token,
             queues=[p.queue for p in pollers],
             listener=listener,
             supervisor=supervisor,
@@ -215,7 +226,7 @@ def run(
             outage=outage,
         )
         helpers.append(supervisor.spawn("http", server.serve))
-    elif admin_token:
+    elif settings.admin_token:
         log.warning("JOBS_ADMIN_TOKEN is set but JOBS_HTTP_ADDR is off: there is no admin page")
     greenlets = [
         supervisor.spawn(f"queue={p.queue} slot={slot}", partial(p.run_slot, slot=slot))
@@ -226,9 +237,9 @@ def run(
     stop.wait()
 
     running = sum(len(p.running) for p in pollers)
-    log.info("stopping: no new claims; %d running jobs get up to %gs", running, shutdown_window)
+    log.info("stopping: no new claims; %d running jobs get up to %gs", running, settings.shutdown_window)
     _wake(pollers)
-    gevent.joinall(greenlets, timeout=shutdown_window)
+    gevent.joinall(greenlets, timeout=settings.shutdown_window)
     left = [g for g in greenlets if not g.dead]
     if left:
         log.warning("shutdown window closed; interrupting %d running jobs", len(left))

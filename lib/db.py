@@ -146,11 +146,8 @@ class _Pooled:
     conn: psycopg2.extensions.connection
     idle_since: float = field(default_factory=time.monotonic)
     # The server process behind the connection, read once while it is whole:
-    # settle() needs it after the connection is lost.
+    # settle() needs it after the connection is lost. 0: not known.
     backend_pid: int = 0
-
-    def __post_init__(self) -> None:
-        self.backend_pid = self.conn.info.backend_pid
 
 
 # The named queries each connection has prepared; a connection that is closed
@@ -244,7 +241,7 @@ class DB(_Runner):
         idle_timeout: float = 60.0,
         connect_timeout: int = 5,
         application_name: str = "jobs",
-        prepare: bool = True,
+        pooled: bool = False,
     ) -> None:
         if size < 1:
             raise ValueError(f"pool size must be at least 1, got {size}")
@@ -254,9 +251,12 @@ class DB(_Runner):
         self.checkout_timeout = checkout_timeout
         self.ping_after = ping_after
         self.idle_timeout = idle_timeout
-        # Off behind a pooler in transaction mode, which cannot keep a
-        # connection's prepared statements.
-        self.prepare = prepare
+        # Behind a pooler in transaction mode, each transaction may get another
+        # server session: no statement is prepared (the next transaction's
+        # session would not know it), and the process id the pooler reports
+        # names no server process, so settle() cannot end one.
+        self.pooled = pooled
+        self.prepare = not pooled
         self._connect_kwargs = {**connect_options(application_name, dsn), "connect_timeout": connect_timeout}
         # Most recently used on the right: it is handed out next, and the
         # connections on the left are the ones that have been idle longest.
@@ -295,7 +295,7 @@ class DB(_Runner):
     def _open(self) -> _Pooled:
         conn = psycopg2.connect(self.dsn, **self._connect_kwargs)
         conn.autocommit = True
-        return _Pooled(conn)
+        return _Pooled(conn, backend_pid=0 if self.pooled else conn.info.backend_pid)
 
     def _alive(self, pooled: _Pooled) -> bool:
         """Whether an idle connection may be handed out, without a round trip in
@@ -369,7 +369,7 @@ class DB(_Runner):
         try:
             yield pooled.conn
         except BaseException as exc:
-            if not _reusable_after(exc):
+            if not _reusable_after(exc) and pooled.backend_pid:
                 # What the statement did on the server is not known; settle() finds out.
                 with contextlib.suppress(AttributeError, TypeError):
                     exc.backend_pid = pooled.backend_pid  # type: ignore[union-attr]
@@ -387,7 +387,13 @@ class DB(_Runner):
         was lost, or the caller stopped waiting for it), make the outcome
         final: end the server process that ran it, if it still runs. Its
         transaction has then committed or never will, and the rows say which.
-        Raises when the server cannot be asked, or the process did not end."""
+        Raises when the server cannot be asked, or the process did not end.
+
+        Behind a transaction pooler the process is not known, and nothing is
+        ended: the pooler drops a server session whose client went away
+        mid-transaction, which rolls it back. Should that transaction commit
+        a claim after the rows were read, the row waits out its lease and
+        the rescue runs it then."""
         pid = getattr(exc, "backend_pid", None)
         if not pid:
             return

@@ -27,6 +27,8 @@ log = logging.getLogger("jobs.errors")
 
 # The environment variables whose values no event may carry.
 SECRET_ENV = ("GITHUB_TOKEN", "SLACK_BOT_TOKEN", "ANTHROPIC_API_KEY", "APOLLO_API_KEY")
+# The database URLs, whose passwords no event or log line may carry either.
+DSN_ENV = ("DATABASE_URL", "DATABASE_DIRECT_URL")
 
 
 def _is_shutdown(exc: BaseException) -> bool:
@@ -49,8 +51,7 @@ def _drop_shutdown(event: dict[str, Any], hint: dict[str, Any]) -> dict[str, Any
 def secrets_from_env() -> list[str]:
     """The API tokens and the database password, as configured now."""
     found = [os.environ.get(name, "").strip() for name in SECRET_ENV]
-    url = os.environ.get("DATABASE_URL", "")
-    if url:
+    for url in filter(None, (os.environ.get(name, "") for name in DSN_ENV)):
         # As written and decoded, even in a DSN no parser accepts.
         found += dsn_secrets(url)
         with contextlib.suppress(Exception):

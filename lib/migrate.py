@@ -31,35 +31,28 @@ def migrations(folder: Path = MIGRATIONS_DIR) -> list[tuple[int, str, Path]]:
 
 def migrate(db: DB, folder: Path = MIGRATIONS_DIR) -> list[str]:
     """Apply the migrations not yet applied, each in its own transaction; the
-    names applied. An advisory lock makes processes that start together take
-    turns, and the second finds nothing left to do."""
-    pending = migrations(folder)
+    names applied. Each transaction first takes an advisory lock, so processes
+    that start together take turns and the second finds nothing left to do.
+    The lock is the transaction's, not the session's: behind a pooler in
+    transaction mode the next statement may run in another session."""
     applied: list[str] = []
-    with db.connection() as conn, conn.cursor() as cur:
-        cur.execute("SELECT pg_advisory_lock(%s)", (_LOCK_KEY,))
-        try:
-            cur.execute(
+    done: set[int] = set()
+    for version, name, path in migrations(folder):
+        if version in done:
+            continue
+        with db.transaction() as tx:
+            tx.query_row("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
+            tx.exec(
                 "CREATE TABLE IF NOT EXISTS schema_migrations ("
                 " version int PRIMARY KEY, name text NOT NULL,"
                 " applied_at timestamptz NOT NULL DEFAULT now())"
             )
-            cur.execute(Q.migration_applied)
-            done = {row[0] for row in cur.fetchall()}
-            for version, name, path in pending:
-                if version in done:
-                    continue
-                cur.execute("BEGIN")
-                try:
-                    cur.execute(path.read_text())
-                    cur.execute(Q.migration_record, {"version": version, "name": name})
-                    cur.execute("COMMIT")
-                except BaseException:
-                    if not conn.closed:
-                        cur.execute("ROLLBACK")
-                    raise
-                log.info("applied migration %s", name)
-                applied.append(name)
-        finally:
-            if not conn.closed:
-                cur.execute("SELECT pg_advisory_unlock(%s)", (_LOCK_KEY,))
+            # Read under the lock: another process may have applied it meanwhile.
+            done = {row[0] for row in tx.query(Q.migration_applied)}
+            if version in done:
+                continue
+            tx.exec(path.read_text())
+            tx.exec(Q.migration_record, {"version": version, "name": name})
+        log.info("applied migration %s", name)
+        applied.append(name)
     return applied

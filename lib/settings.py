@@ -10,7 +10,7 @@ import logging
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from urllib.parse import unquote
 
 from lib.redact import REDACTED, scrub
@@ -32,6 +32,11 @@ _KV_PASSWORD = re.compile(r"(?:^|\s)password\s*=\s*(?:'(?P<quoted>(?:[^'\\]|\\.)
 
 # LOG_FORMAT: readable lines, or one JSON object per line (lib/logs.py).
 LOG_FORMATS = ("text", "json")
+# JOBS_POOLER: what DATABASE_URL points at. A pooler in session mode keeps each
+# client's session, so it is the same as none; one in transaction mode does not.
+POOLERS = ("none", "session", "transaction")
+# How often every queue looks for work when nothing can wake it (no LISTEN).
+DEFAULT_POLLING_INTERVAL = 1.0
 
 
 class SettingError(ValueError):
@@ -47,6 +52,25 @@ class Settings:
     log_format: str = "text"  # or "json": one JSON object per line
     http_addr: tuple[str, int] | None = DEFAULT_HTTP_ADDR  # None: no HTTP server
     admin_token: str | None = None  # None: no admin page
+    # "transaction": DATABASE_URL is a pooler that gives each transaction any
+    # server session, so nothing may rely on a session (lib/db.py, lib/migrate.py).
+    pooler: str = "none"
+    direct_url: str | None = None  # the server itself, for LISTEN behind such a pooler
+    poll_interval: float | None = None  # None: each queue's own, or DEFAULT_POLLING_INTERVAL without LISTEN
+
+    @property
+    def pooled(self) -> bool:
+        """Whether connections through DATABASE_URL share server sessions."""
+        return self.pooler == "transaction"
+
+    def listen_url(self, url: str) -> str | None:
+        """Where the LISTEN connection goes, given the URL the pool uses; None:
+        nowhere (a transaction pooler cannot hold a LISTEN), so queues poll."""
+        return self.direct_url or (None if self.pooled else url)
+
+    def queue_poll_interval(self, listening: bool) -> float | None:
+        """Every queue's fallback poll, when it must be shorter than its own."""
+        return self.poll_interval if self.poll_interval or listening else DEFAULT_POLLING_INTERVAL
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
@@ -59,6 +83,13 @@ class Settings:
         log_format = env.get("LOG_FORMAT", "text").strip().lower() or "text"
         if log_format not in LOG_FORMATS:
             raise SettingError(f"LOG_FORMAT must be text or json, got {env.get('LOG_FORMAT')!r}")
+        pooler = env.get("JOBS_POOLER", "none").strip().lower() or "none"
+        if pooler not in POOLERS:
+            raise SettingError(f"JOBS_POOLER must be transaction, session or none, got {env.get('JOBS_POOLER')!r}")
+        direct_url = env.get("DATABASE_DIRECT_URL") or None
+        if direct_url is not None:
+            check_dsn(direct_url, "DATABASE_DIRECT_URL")
+        poll = env.get("JOBS_POLL_INTERVAL")
         return cls(
             database_url=url,
             shutdown_window=seconds(
@@ -69,15 +100,18 @@ class Settings:
             log_format=log_format,
             http_addr=http_addr(env.get("JOBS_HTTP_ADDR")),
             admin_token=admin_token(env.get("JOBS_ADMIN_TOKEN")),
+            pooler=pooler,
+            direct_url=direct_url,
+            poll_interval=seconds("JOBS_POLL_INTERVAL", poll, 0.0, low=0.05, high=3600.0) if poll else None,
         )
 
     def __repr__(self) -> str:
-        url = masked_dsn(self.database_url) if self.database_url else None
-        return (
-            f"Settings(database_url={url!r}, shutdown_window={self.shutdown_window!r}, "
-            f"lease_seconds={self.lease_seconds!r}, log_level={self.log_level!r}, log_format={self.log_format!r}, "
-            f"http_addr={self.http_addr!r}, admin_token={REDACTED if self.admin_token else None!r})"
-        )
+        # Every field, the secrets masked: a repr in a log or a Sentry event must not carry them.
+        shown = {f.name: getattr(self, f.name) for f in fields(self)}
+        for name in ("database_url", "direct_url"):
+            shown[name] = masked_dsn(shown[name]) if shown[name] else None
+        shown["admin_token"] = REDACTED if self.admin_token else None
+        return "Settings(" + ", ".join(f"{name}={value!r}" for name, value in shown.items()) + ")"
 
 
 def seconds(name: str, text: str | None, default: float, *, low: float, high: float = 86400.0) -> float:
@@ -158,13 +192,13 @@ def masked_dsn(dsn: str) -> str:
     return mask_secret(dsn, dsn)
 
 
-def check_dsn(dsn: str) -> None:
-    """Refuse a DSN the driver cannot parse, naming it with the password masked
-    (libpq quotes the bad part, which may be the password itself)."""
+def check_dsn(dsn: str, name: str = "DATABASE_URL") -> None:
+    """Refuse a DSN the driver cannot parse, naming it (the setting name) with
+    the password masked (libpq quotes the bad part, which may be the password itself)."""
     import psycopg2.extensions  # here: lib.errors reads dsn_secrets without a database driver
 
     try:
         psycopg2.extensions.parse_dsn(dsn)
     except psycopg2.Error as exc:
         reason = mask_secret(str(exc).strip(), dsn)
-        raise SettingError(f"DATABASE_URL is malformed: {reason} (in {masked_dsn(dsn)})") from None
+        raise SettingError(f"{name} is malformed: {reason} (in {masked_dsn(dsn)})") from None

@@ -16,6 +16,7 @@ import worker
 from lib.db import DB
 from lib.insert import insert
 from lib.poller import Outcome, Poller
+from lib.settings import Settings
 from lib.sql import Q
 
 
@@ -194,7 +195,7 @@ def test_an_idle_forty_queue_worker_holds_at_most_three_connections(db, database
     for n in range(40):
         insert(db, f"i{n:02}", "i.N")
     stop = Event()
-    runner = gevent.spawn(worker.run, pool, registry, stop=stop, shutdown_window=5)
+    runner = gevent.spawn(worker.run, pool, registry, Settings(http_addr=None, shutdown_window=5), stop=stop)
     held = (
         "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name <> 'jobs-test'"
     )

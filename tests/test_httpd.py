@@ -163,9 +163,8 @@ def test_worker_run_serves_until_the_end_of_the_shutdown_window(db):
         worker.run,
         db,
         [lambda db_: Poller("web", db_, {"web.Slow": slow}, poll_interval=0.2)],
+        Settings(http_addr=("127.0.0.1", port), shutdown_window=30),
         stop=stop,
-        http_addr=("127.0.0.1", port),
-        shutdown_window=30,
     )
     base = f"http://127.0.0.1:{port}"
     try:

@@ -44,10 +44,11 @@ def sentry():
         f"host=127.0.0.1 password='{SECRET} dbname=x",
     ],
 )
-def test_a_malformed_database_url_is_named_and_its_password_never_shown(sentry, url):
-    done = worker("migrate", DATABASE_URL=url, SENTRY_DSN=sentry.dsn)
+@pytest.mark.parametrize("name", ["DATABASE_URL", "DATABASE_DIRECT_URL"])
+def test_a_malformed_database_url_is_named_and_its_password_never_shown(sentry, url, name):
+    done = worker("migrate", **{name: url}, SENTRY_DSN=sentry.dsn)
     assert done.returncode == 2
-    assert "DATABASE_URL is malformed" in done.stderr
+    assert f"worker: {name} is malformed" in done.stderr
     assert SECRET not in done.stdout + done.stderr
     assert not any(SECRET.encode() in body for body in sentry.bodies)
     with pytest.raises(SettingError) as refused:
@@ -65,7 +66,7 @@ def test_the_password_is_found_and_masked_in_every_form_of_dsn():
     ):
         assert SECRET in (dsn_password(dsn) or ""), dsn
         assert SECRET not in masked_dsn(dsn)
-        assert SECRET not in repr(Settings(database_url=dsn))
+        assert SECRET not in repr(Settings(database_url=dsn, direct_url=dsn))
 
 
 @pytest.mark.parametrize(
@@ -78,6 +79,9 @@ def test_the_password_is_found_and_masked_in_every_form_of_dsn():
         ("JOBS_SHUTDOWN_WINDOW", "inf"),
         ("LOG_LEVEL", "LOUD"),
         ("LOG_FORMAT", "xml"),
+        ("JOBS_POOLER", "pgbouncer"),
+        ("JOBS_POLL_INTERVAL", "0"),
+        ("JOBS_POLL_INTERVAL", "soon"),
     ],
 )
 def test_a_bad_setting_stops_the_worker_with_its_name(name, value):
@@ -85,6 +89,20 @@ def test_a_bad_setting_stops_the_worker_with_its_name(name, value):
     assert done.returncode == 2
     assert done.stderr.startswith(f"worker: {name} must be")
     assert "Traceback" not in done.stderr
+
+
+def test_behind_a_transaction_pooler_nothing_relies_on_a_session():
+    direct = Settings.from_env({})
+    assert (direct.pooled, direct.listen_url("db"), direct.queue_poll_interval(listening=True)) == (False, "db", None)
+    pooled = Settings.from_env({"JOBS_POOLER": "transaction"})
+    # No LISTEN through the pooler: every queue polls, by default each second.
+    assert (pooled.pooled, pooled.listen_url("db"), pooled.queue_poll_interval(listening=False)) == (True, None, 1.0)
+    both = Settings.from_env(
+        {"JOBS_POOLER": "Transaction", "DATABASE_DIRECT_URL": "dbname=x", "JOBS_POLL_INTERVAL": "7"}
+    )
+    assert (both.listen_url("db"), both.queue_poll_interval(listening=True)) == ("dbname=x", 7.0)
+    # A pooler in session mode keeps each client's session: as good as none.
+    assert not Settings.from_env({"JOBS_POOLER": "session"}).pooled
 
 
 @pytest.mark.parametrize(

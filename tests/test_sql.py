@@ -82,7 +82,7 @@ def test_unprepared_pool_gives_the_same_answers(database_url):
     named queries as plain text: it must answer as the prepared pool does, and
     leave nothing prepared on the server."""
     prepared_db = DB.connect(database_url, size=1)
-    unprepared_db = DB.connect(database_url, size=1, prepare=False)
+    unprepared_db = DB.connect(database_url, size=1, pooled=True)
     try:
         prepared_answers, prepared = _answers(prepared_db)
         unprepared_answers, unprepared = _answers(unprepared_db)

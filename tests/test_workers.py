@@ -14,6 +14,7 @@ from lib import stats, workers
 from lib.insert import insert
 from lib.leases import Leases
 from lib.poller import Poller
+from lib.settings import Settings
 from queues import maintenance
 
 
@@ -90,7 +91,13 @@ def test_a_dead_worker_holding_rows_is_listed_dead_and_a_live_one_with_its_count
 
 def test_the_worker_registers_at_start_and_leaves_when_it_stops(db):
     stop = Event()
-    run = gevent.spawn(worker.run, db, [lambda db: Poller("q", db, {"q.N": lambda job: "ok"})], stop=stop, lease=3)
+    run = gevent.spawn(
+        worker.run,
+        db,
+        [lambda db: Poller("q", db, {"q.N": lambda job: "ok"})],
+        Settings(http_addr=None, lease_seconds=3),
+        stop=stop,
+    )
     try:
         wait_for(lambda: stats.workers(db) != [], 10)
         [info] = stats.workers(db)
