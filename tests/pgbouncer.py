@@ -123,6 +123,38 @@ class PgBouncer:
         finally:
             conn.close()
 
+    def warm(self, database: str, sessions: int = 4) -> set[int]:
+        """Open that many server sessions to the database (transactions held
+        open at once make PgBouncer open one each), left idle in its pool: with
+        server_round_robin a client's next transactions then land on one after
+        another, so a statement that relies on an earlier one's session fails
+        at once rather than when the pool happens to grow. The server process
+        ids."""
+        conns = [psycopg2.connect(self.url(database), connect_timeout=5) for _ in range(sessions)]
+        try:
+            pids = set()
+            for conn in conns:  # each stays in its transaction until all are in theirs
+                with conn.cursor() as cur:
+                    cur.execute("SELECT pg_backend_pid()")
+                    pids.add(cur.fetchone()[0])
+            for conn in conns:
+                conn.commit()
+            return pids
+        finally:
+            for conn in conns:
+                conn.close()
+
+    def forget(self, database: str) -> None:
+        """Close PgBouncer's connections to that database (its console's KILL),
+        before it is dropped: a drop that ends them itself leaves PgBouncer
+        warning of crashed server connections."""
+        conn = self.admin()
+        try:
+            with conn.cursor() as cur:
+                cur.execute(f'KILL "{database}"')
+        finally:
+            conn.close()
+
     def log_tail(self, lines: int = 30) -> str:
         """The last lines it printed: its log goes to stderr too, along with
         what it says before the logfile is open (a bad config, say)."""
@@ -152,6 +184,11 @@ class PgBouncer:
             # Transaction mode hands a server connection back at each commit; a
             # reset query runs only when a session ends.
             "server_reset_query": "",
+            # Each transaction gets the next server connection in turn, not
+            # the one used last: a quiet pool would otherwise hand one client
+            # the same session again and again, and hide a statement that
+            # leans on what an earlier one left in its session.
+            "server_round_robin": "1",
             # libpq-based clients may send these; PgBouncer refuses unknown
             # startup parameters unless told to ignore them.
             "ignore_startup_parameters": "extra_float_digits,options",
