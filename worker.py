@@ -25,6 +25,7 @@ from lib.leases import Leases  # noqa: E402
 from lib.migrate import migrate  # noqa: E402
 from lib.poller import FINALIZING, Poller  # noqa: E402
 from lib.queue_state import AUTH_PREFIX, pause, resume  # noqa: E402
+from lib.retry import Backoff  # noqa: E402
 from lib.settings import SettingError, Settings  # noqa: E402
 from lib.sql import Q  # noqa: E402
 from lib.supervise import Supervisor  # noqa: E402
@@ -102,7 +103,7 @@ def _connect(url: str, size: int, pooled: bool) -> DB:
     """The pool, once the database answers: a worker started while it is down
     (a host reboot, say) waits for it instead of dying, and reports once."""
     outage = Outage("database at start")
-    wait = 1.0
+    retry = Backoff()
     while True:
         try:
             db = DB.connect(url, size=size, pooled=pooled)
@@ -110,8 +111,7 @@ def _connect(url: str, size: int, pooled: bool) -> DB:
             if not is_conn_failure(exc):
                 raise
             outage.failed(exc)
-            gevent.sleep(wait)
-            wait = min(wait * 2, 30.0)
+            gevent.sleep(retry.failed())
             continue
         outage.recovered()
         return db

@@ -42,19 +42,14 @@ from bench.common import (
     CommitRate,
     Server,
     ServerMeter,
-    admin_connect,
     context_lines,
-    create_database,
-    describe,
-    drop_database,
     get_server,
     load_average,
     machine_line,
     measure_commit_rate,
-    migrate_database,
     run_record,
     save,
-    with_database,
+    scratch_database,
 )
 from lib.db import DB
 from lib.insert import Job, insert_many
@@ -315,27 +310,18 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(args.log_jobs)
     load_at_start = load_average()
     server = get_server()
-    admin = admin_connect(server.url)
-    describe(admin, server)
-    name = create_database(admin)
-    print(f"PostgreSQL {server.version} ({server.source}), bench database {name}", flush=True)
-    try:
-        url = with_database(server.url, name)
-        migrate_database(url)
-
+    with scratch_database(server) as scratch:
+        print(f"PostgreSQL {server.version} ({server.source}), bench database {scratch.name}", flush=True)
         print(f"pgbench: {args.pgbench_seconds} s of single-row commits ...", flush=True)
-        rate = measure_commit_rate(url, args.pgbench_seconds)
+        rate = measure_commit_rate(scratch.url, args.pgbench_seconds)
         jobs = args.jobs or auto_jobs(rate.tps, args.queues)
-        meter = ServerMeter(admin, name)
+        meter = ServerMeter(scratch.admin, scratch.name)
         phases = []
         for count in [1] + ([args.queues] if args.queues > 1 else []):
             print(f"{jobs} no-op jobs through {count} queue(s) ...", flush=True)
-            phase = run_phase(url, meter, queue_names(count), jobs, args.profile)
+            phase = run_phase(scratch.url, meter, queue_names(count), jobs, args.profile)
             phase.ratio = phase.jobs_per_s / rate.tps
             phases.append(phase)
-    finally:
-        drop_database(admin, name)
-        admin.close()
     options = {"jobs": jobs, "queues": args.queues, "log_jobs": args.log_jobs, "profile": args.profile}
     result = report(server, rate, phases, options, load_at_start)
     print_table(result)

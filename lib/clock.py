@@ -27,7 +27,7 @@ from gevent.event import Event
 
 from lib.db import DB
 from lib.errors import capture
-from lib.insert import encode_args
+from lib.insert import check_name, encode_args
 from lib.sql import Q
 
 log = logging.getLogger("jobs.clock")
@@ -56,10 +56,8 @@ class Scheduled:
 
     def __post_init__(self) -> None:
         # A bad entry fails when the schedule is imported, not at 03:17 some night.
-        for field in ("queue", "name"):
-            value = getattr(self, field)
-            if not isinstance(value, str) or not value.strip() or value != value.strip():
-                raise ValueError(f"scheduled {field} must be a non-empty string without surrounding spaces: {value!r}")
+        check_name("scheduled queue", self.queue)
+        check_name("scheduled name", self.name)
         if not callable(self.at):
             raise ValueError(f"scheduled job {self.name}: at must be a predicate on a UTC datetime")
         encode_args(self.args)

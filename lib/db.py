@@ -87,7 +87,7 @@ def is_data_error(exc: BaseException) -> bool:
 _reusable_after = is_server_error
 
 
-def _cooperate() -> None:
+def _install_gevent_wait() -> None:
     """Under gevent's monkey-patching, psycopg2 must yield to the hub while it
     waits on the server; without that a query would block every greenlet of
     the process. Installs psycogreen's wait callback for the hub's thread."""
@@ -155,9 +155,11 @@ class _Pooled:
 _prepared: weakref.WeakKeyDictionary[psycopg2.extensions.connection, set[str]] = weakref.WeakKeyDictionary()
 
 
-def _text(cur: psycopg2.extensions.cursor, sql: str, params: Params, prepare: bool) -> bytes:
-    """The statement to send. A named query of sql/ with named parameters is
-    run prepared: planning the claim's CTEs cost more than running them."""
+def _bind(cur: psycopg2.extensions.cursor, sql: str, params: Params, prepare: bool) -> bytes:
+    """The statement to send, its parameters bound. A named query of sql/
+    with named parameters is run prepared (PREPAREd on this connection the
+    first time, then an EXECUTE): planning the claim's CTEs cost more than
+    running them."""
     stmt = STATEMENTS.get(sql) if prepare and (params is None or isinstance(params, dict)) else None
     if stmt is None:
         return cur.mogrify(sql, params)
@@ -181,17 +183,17 @@ class _Runner:
     def exec(self, sql: str, params: Params = None) -> int:
         """Run a statement; the number of rows it touched."""
         with self._cursor() as cur:
-            cur.execute(_text(cur, sql, params, self.prepare))
+            cur.execute(_bind(cur, sql, params, self.prepare))
             return cur.rowcount
 
     def query_row(self, sql: str, params: Params = None) -> Row | None:
         with self._cursor() as cur:
-            cur.execute(_text(cur, sql, params, self.prepare))
+            cur.execute(_bind(cur, sql, params, self.prepare))
             return cur.fetchone()
 
     def query(self, sql: str, params: Params = None) -> list[Row]:
         with self._cursor() as cur:
-            cur.execute(_text(cur, sql, params, self.prepare))
+            cur.execute(_bind(cur, sql, params, self.prepare))
             return cur.fetchall()
 
 
@@ -245,7 +247,7 @@ class DB(_Runner):
     ) -> None:
         if size < 1:
             raise ValueError(f"pool size must be at least 1, got {size}")
-        _cooperate()
+        _install_gevent_wait()
         self.dsn = dsn
         self.size = size
         self.checkout_timeout = checkout_timeout
@@ -275,6 +277,19 @@ class DB(_Runner):
         db = cls(dsn, size, **options)
         db.query_row("SELECT 1")
         return db
+
+    def exec_in_batches(self, sql: str, params: dict[str, Any]) -> int:
+        """Run a statement that touches at most params["batch"] rows (a
+        DELETE of a LIMITed set) until it touches fewer; the rows touched in
+        all. Each batch is a short transaction of its own, and other
+        greenlets run between batches (time.sleep is gevent's when patched)."""
+        total = 0
+        while True:
+            n = self.exec(sql, params)
+            total += n
+            if n < params["batch"]:
+                return total
+            time.sleep(0)
 
     def grow(self, n: int) -> None:
         """Allow n more connections, for a worker that learns its needs late."""

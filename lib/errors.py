@@ -179,10 +179,6 @@ class Outage:
         self._failures = 0
         self._since = 0.0
 
-    @property
-    def failing(self) -> bool:
-        return self._failures > 0
-
     def failed(self, exc: BaseException, **tags: Any) -> None:
         if self._failures == 0:
             self._since = self._clock()

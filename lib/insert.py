@@ -1,4 +1,5 @@
-"""Enqueue jobs: the one path by which a single job row is written.
+"""Enqueue jobs: how a program writes job rows. (The clock writes its
+scheduled rows in a statement of its own, sql/clock.sql.)
 
 Synchronous programs (a Flask or Django process, a cron script) import this as
 is: it never imports gevent and never monkey-patches. Given a connection, it
@@ -121,11 +122,19 @@ def encode_args(args: Any) -> str:
     return text
 
 
+def check_name(field: str, value: Any) -> str:
+    """The one rule for a queue's or a job's name, wherever one is given (an
+    insert, a schedule entry, a poller's queue and handlers): a non-empty
+    string without surrounding spaces, since rows are matched by exact name."""
+    if not isinstance(value, str) or not value or value != value.strip():
+        raise InvalidJob(f"{field} must be a non-empty string without surrounding spaces, got {value!r}")
+    return value
+
+
 def _checked(queue: Any, name: Any, args: Any, run_at: Any, priority: Any, max_attempts: Any) -> str:
     """A job's args as JSON text, once every field is known good; else InvalidJob."""
-    for field, value in (("queue", queue), ("name", name)):
-        if not isinstance(value, str) or not value or value != value.strip():
-            raise InvalidJob(f"{field} must be a non-empty string without surrounding spaces, got {value!r}")
+    check_name("queue", queue)
+    check_name("name", name)
     if isinstance(priority, bool) or not isinstance(priority, int):
         raise InvalidJob(f"priority must be an int, got {priority!r}")
     if max_attempts is not None and (

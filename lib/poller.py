@@ -22,11 +22,11 @@ from lib import status as st
 from lib.commit import committer
 from lib.db import DB, is_conn_failure, is_data_error, is_database_error, is_server_error, is_unique_violation
 from lib.errors import Outage, capture, reporting, secrets_from_env, traceback_text
-from lib.insert import MAX_ARGS_BYTES
+from lib.insert import MAX_ARGS_BYTES, check_name
 from lib.leases import LeaseLost, Leases
 from lib.redact import scrub
 from lib.retry import BASE_SECONDS as RETRY_BASE_SECONDS
-from lib.retry import backoff
+from lib.retry import Backoff, backoff
 from lib.sql import Q
 
 log = logging.getLogger("jobs")
@@ -95,7 +95,7 @@ _NOT_THE_JOBS = (GreenletExit, KeyboardInterrupt, SystemExit)
 
 
 @dataclass(frozen=True)
-class Looked:
+class ClaimResult:
     """What a claim found: a job, or None and the seconds until the queue may
     have work (None: nothing known)."""
 
@@ -136,10 +136,11 @@ class Poller:
         retry_base: float = RETRY_BASE_SECONDS,
     ) -> None:
         # A bad configuration fails when the worker starts, not at the first job.
-        if not queue or queue != queue.strip():
-            raise ValueError(f"bad queue name {queue!r}")
+        check_name("queue", queue)
         if not dispatch or not all(callable(h) for h in dispatch.values()):
             raise ValueError(f"queue {queue}: dispatch must map job names to handlers")
+        for name in dispatch:
+            check_name(f"queue {queue}: job name", name)
         if job_timeout <= 0 or poll_interval <= 0:
             raise ValueError(f"queue {queue}: job_timeout and poll_interval must be positive")
         if retry_base <= 0:
@@ -223,38 +224,37 @@ class Poller:
 
     def run_slot(self, stop: Event, slot: int) -> None:
         wakeup = self._wakeups[slot]
-        retry_wait = 1.0
+        retry = Backoff(cap=self.poll_interval)
         # What the last outcome's write found when it looked for the next job:
         # that job, or None and how long until the queue may have work.
-        looked: Looked | None = None
+        found: ClaimResult | None = None
         # A job claimed with the last outcome runs even if stop came meanwhile:
         # it is claimed, as if stop had come a moment later.
-        while (looked is not None and looked.job is not None) or not stop.is_set():
-            if looked is None:
+        while (found is not None and found.job is not None) or not stop.is_set():
+            if found is None:
                 # Cleared before the claim: a wake that lands after it is not lost.
                 wakeup.clear()
                 try:
-                    looked = Looked(*self._claim(None, slot))
+                    found = ClaimResult(*self._claim(None, slot))
                 except Exception as exc:
                     self._claim_failed(exc)
-                    stop.wait(retry_wait)
-                    retry_wait = min(retry_wait * 2, self.poll_interval)
+                    stop.wait(retry.failed())
                     continue
                 self.outage.recovered()
                 self.claim_fault.recovered()
-                retry_wait = 1.0
-            if looked.job is None:
+                retry.succeeded()
+            if found.job is None:
                 # The queue's next delayed row, or the end of its pause or
                 # throttle, when that comes before the fallback poll. The
                 # fallback polls of all queues fall on the same instants, so
                 # an idle worker's go to the server as one batch.
-                wait = looked.wait
+                wait = found.wait
                 fallback = self.poll_interval - time.monotonic() % self.poll_interval
                 timeout = fallback if wait is None or wait <= 0 else min(wait, fallback)
                 gevent.wait([stop, wakeup], timeout=timeout, count=1)
-                looked = None
+                found = None
                 continue
-            _, looked = self._work(looked.job, slot, stop, wakeup)
+            _, found = self._work(found.job, slot, stop, wakeup)
 
     def _claim_failed(self, exc: BaseException) -> None:
         """A lost connection is the database's outage, shared by every part of
@@ -362,7 +362,9 @@ class Poller:
         """Run a claimed job to its outcome; the status it reached."""
         return self._work(job, slot, stop, None)[0]
 
-    def _work(self, job: PendingJob, slot: int, stop: Event | None, wakeup: Event | None) -> tuple[str, Looked | None]:
+    def _work(
+        self, job: PendingJob, slot: int, stop: Event | None, wakeup: Event | None
+    ) -> tuple[str, ClaimResult | None]:
         """Run a claimed job and write its outcome. Given the slot's wakeup (the
         poll loop) and with no throttle pause due, the write also looks for the
         slot's next job, and says what it found."""
@@ -390,7 +392,7 @@ class Poller:
         wakeup: Event | None,
         *,
         interrupted: bool = False,
-    ) -> tuple[str, Looked | None]:
+    ) -> tuple[str, ClaimResult | None]:
         elapsed = time.monotonic() - start
         # Known before the outcome is written, so the write also holds the
         # queue back for every process; a job cut off by shutdown has none.
@@ -401,7 +403,7 @@ class Poller:
             # Cleared before that claim, as in the loop: a wake that lands after it is not lost.
             wakeup.clear()
         try:
-            looked = self._finalize(job, outcome, delay, slot if look else None)
+            found = self._finalize(job, outcome, delay, slot if look else None)
         finally:
             # Held (renewed, and never rescued by this worker) until the
             # outcome is written or given up on.
@@ -416,7 +418,7 @@ class Poller:
         metrics.job_done(self.queue, outcome, elapsed)
         if delay > 0:
             (stop or Event()).wait(delay)
-        return outcome.status, looked
+        return outcome.status, found
 
     def _log_done(self, job: PendingJob, outcome: Outcome, elapsed: float) -> None:
         shown = outcome.status if outcome.retry_in is None else f"{outcome.status} (retry in {outcome.retry_in:.0f}s)"
@@ -453,7 +455,7 @@ class Poller:
 
         gevent.get_hub().loop.run_callback(throw)
 
-    def _fenced(self, job: PendingJob, slot: int) -> tuple[str, Looked | None]:
+    def _fenced(self, job: PendingJob, slot: int) -> tuple[str, ClaimResult | None]:
         self.running.pop(slot, None)
         self.leases.release(job.id)
         self._abandoned.add(job.id)
@@ -514,7 +516,7 @@ class Poller:
         # remain, in its place in the queue (retry_in 0 keeps run_at).
         return Outcome(st.INTERRUPTED, retry_in=0.0 if job.attempts < job.max_attempts else None)
 
-    def _finalize(self, job: PendingJob, outcome: Outcome, delay: float, next_slot: int | None) -> Looked | None:
+    def _finalize(self, job: PendingJob, outcome: Outcome, delay: float, next_slot: int | None) -> ClaimResult | None:
         writer = FINALIZING.spawn(self._write_outcome, job, outcome, delay, next_slot)
         try:
             writer.join()
@@ -528,7 +530,9 @@ class Poller:
             raise
         return writer.value
 
-    def _write_outcome(self, job: PendingJob, outcome: Outcome, delay: float, next_slot: int | None) -> Looked | None:
+    def _write_outcome(
+        self, job: PendingJob, outcome: Outcome, delay: float, next_slot: int | None
+    ) -> ClaimResult | None:
         """One update by primary key; with next_slot, sent together with the
         claim of that slot's next job (one round trip, one commit). When that
         fails, what committed is settled first (the claim may have), and the
@@ -548,12 +552,12 @@ class Poller:
                     mine = self._try_settle(next_slot, exc)
                     if mine is not None:
                         # The claim committed, so did the outcome beside it.
-                        return Looked(mine)
+                        return ClaimResult(mine)
                 # Else a server error rolled both back (another row holding
                 # the slot refuses the claim, say): the outcome goes alone.
             else:
                 self._check_written(job, outcome, reply.written)
-                return Looked(*_claimed(reply.row))
+                return ClaimResult(*_claimed(reply.row))
         self._write_alone(job, outcome, params)
         return None
 

@@ -32,10 +32,6 @@ def resume(db: Any, queue: str, *, prefix: str | None = None) -> bool:
     return bool(db.exec(Q.queue_resume, {"queue": queue, "prefix": prefix}))
 
 
-def paused(db: Any) -> list[tuple[str, str, datetime]]:
-    return [(q, r, u) for q, r, u in db.query(Q.queue_paused)]
-
-
 def logger(queues: Collection[str]) -> Callable[[str], None]:
     """For the worker's listener: log each pause and resume (of any worker's
     doing, or an operator's) of the queues this worker runs, so its log says

@@ -3,9 +3,9 @@ worker handles. Without it such a row stays pending, and only a person who
 looks ever sees it.
 
 The writers are the enqueue calls of the project's code (insert and Job, read
-with ast), the INSERT INTO jobs statements of sql/, and the schedule. Only
-string literals are read: a queue or name computed at run time is printed as a
-warning, never guessed.
+with ast), the INSERT INTO jobs statements of sql/ (read with pglast), and the
+schedule. Only string literals are read: a queue or name computed at run time
+is printed as a warning, never guessed.
 """
 
 from __future__ import annotations
@@ -21,6 +21,12 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from pglast import ast as pg
+from pglast import parse_plpgsql
+from pglast.enums import SetOperation
+from pglast.parser import ParseError, parse_sql, scan
+from pglast.stream import RawStream
 
 from lib.args import ArgsError, unmarshal_args
 from lib.db import DB
@@ -61,10 +67,10 @@ def check(
     report = Report()
     report.handled = handled(registry, report.problems)
     report.writers += python_writers(root, report.problems, report.warnings)
-    report.writers += sql_writers(root, report.warnings)
+    report.writers += sql_writers(root, report.problems, report.warnings)
     for path in extra:
         report.writers += python_writers(root, report.problems, report.warnings, files=_found(path, ".py"))
-        report.writers += sql_writers(root, report.warnings, files=_found(path, ".sql"))
+        report.writers += sql_writers(root, report.problems, report.warnings, files=_found(path, ".sql"))
     schedule = list(schedule)
     report.writers += [Writer("schedule", entry.queue, entry.name) for entry in schedule]
     report.problems += schedule_args_problems(registry, schedule)
@@ -307,214 +313,191 @@ def _argument(call: ast.Call, keyword: str, position: int) -> ast.expr | None:
     return None
 
 
-# SQL: INSERT INTO jobs (..., queue, name, ...) VALUES (...) | SELECT ...
+# SQL: every INSERT INTO jobs, read by Postgres's own parser (pglast wraps
+# libpg_query, the server's grammar as a library): CTEs, INSERT ... SELECT,
+# quoting, dollar quoting and comments mean here what they mean to the server.
 
-_TOKEN = re.compile(
-    r"""
-    (?P<skip>\s+|--[^\n]*|/\*.*?\*/)
-  | (?P<string>[eE]?'(?:[^']|'')*')
-  | (?P<dollar>\$(?P<tag>[A-Za-z_]\w*)?\$.*?\$(?(tag)(?P=tag))\$)
-  | (?P<param>%\(\w+\)s|%s|\$\d+)
-  | (?P<ident>"(?:[^"]|"")*"|[A-Za-z_][\w$]*)
-  | (?P<other>::|.)
-    """,
-    re.VERBOSE | re.DOTALL,
-)
-# Where a SELECT list ends.
-_SELECT_END = {"from", "where", "group", "having", "order", "limit", "on", "returning", "union", "except", "intersect"}
-
-
-@dataclass(frozen=True)
-class _Token:
-    kind: str
-    text: str
-    line: int
-
-    @property
-    def word(self) -> str:
-        """An identifier as Postgres reads it; other tokens as written."""
-        if self.kind != "ident":
-            return self.text
-        return self.text[1:-1].replace('""', '"') if self.text.startswith('"') else self.text.lower()
+# A "-- name: X" line starts the next of a file's named queries (lib/sql.py):
+# they need no ; between them.
+_NAMED = re.compile(r"^(?=-- name:)", re.MULTILINE)
+# psycopg2's placeholders, which are not SQL.
+_PLACEHOLDER = re.compile(r"%\(\w+\)s|%s")
+# The table as its (schema, name): unqualified, or in the schema it is made in.
+_JOBS = {(None, "jobs"), ("public", "jobs")}
 
 
 def sql_files(root: Path) -> list[Path]:
     return sorted((root / "sql").rglob("*.sql"))
 
 
-def sql_writers(root: Path, warnings: list[str], files: Iterable[Path] | None = None) -> list[Writer]:
+def sql_writers(
+    root: Path, problems: list[str], warnings: list[str], files: Iterable[Path] | None = None
+) -> list[Writer]:
     """Literal pairs of every INSERT INTO jobs in sql/, or in files (migrations'
-    DDL has none; a data migration that enqueues is a writer like any other)."""
+    DDL has none; a data migration that enqueues is a writer like any other),
+    and in the bodies of the functions they create: a trigger may enqueue."""
     writers: list[Writer] = []
     for path in sql_files(root) if files is None else files:
-        where = _where(path, root)
-        for statement in _statements(path.read_text()):
-            for start in range(len(statement)):
-                if _is_insert_into_jobs(statement, start):
-                    writers += _read_insert(statement, start, where, warnings)
+        sql_file = _SqlFile(_where(path, root), problems, warnings)
+        text = _NAMED.sub(";", path.read_text())
+        try:
+            sql_file.read(_numbered(text))
+        except ParseError as exc:
+            sql_file.unreadable(text, 1, exc)  # the scanner's: an unterminated quote or comment
+        writers += sql_file.writers
     return writers
 
 
-def _statements(text: str, line: int = 1) -> Iterator[list[_Token]]:
-    """Tokens per statement; a "-- name:" line starts a new one as a ; does.
-    The body of a dollar-quoted function is read too: a trigger may enqueue."""
-    statement: list[_Token] = []
-    for match in _TOKEN.finditer(text):
-        kind = match.lastgroup or "other"
-        token = _Token(kind, match.group(), line)
-        if kind == "dollar":
-            quote = len(match.group("tag") or "") + 2
-            yield from _statements(token.text[quote:-quote], line)
-        line += token.text.count("\n")
-        ends = token.text == ";" or (kind == "skip" and token.text.startswith("-- name:"))
-        if ends:
-            if statement:
-                yield statement
-            statement = []
-        elif kind != "skip":
-            statement.append(token)
-    if statement:
-        yield statement
+def _numbered(sql: str) -> str:
+    """psycopg2's placeholders as $1, as lib/sql.py prepares the named queries
+    (with $1, $2...: one number does here, where only the statement's shape is
+    read). Only where the scanner sees an operator: in a string, a quoted
+    identifier or a comment the same characters are left as written."""
+    operators = {i for t in scan(sql) if t.name in ("ASCII_37", "Op") for i in range(t.start, t.end + 1)}
+    return _PLACEHOLDER.sub(lambda match: "$1" if match.start() in operators else match.group(), sql)
 
 
-def _is_insert_into_jobs(tokens: list[_Token], i: int) -> bool:
-    words = [t.word for t in tokens[i : i + 5]]
-    if words[:2] != ["insert", "into"]:
-        return False
-    return words[2:3] == ["jobs"] or words[2:5] == ["public", ".", "jobs"]
+@dataclass
+class _SqlFile:
+    """One file's writers, and what in it cannot be read (a problem, as for Python)."""
 
+    where: str
+    problems: list[str]
+    warnings: list[str]
+    writers: list[Writer] = field(default_factory=list)
 
-def _read_insert(tokens: list[_Token], start: int, file: str, warnings: list[str]) -> list[Writer]:
-    where = f"{file}:{tokens[start].line}"
-    i = start + (3 if tokens[start + 2].word == "jobs" else 5)
-    if i >= len(tokens) or tokens[i].text != "(":
-        warnings.append(f"{where}: INSERT INTO jobs without a column list; not checked")
-        return []
-    columns, i = _group(tokens, i)
-    names = [" ".join(t.word for t in column) for column in columns]
-    if "queue" not in names or "name" not in names:
-        warnings.append(f"{where}: INSERT INTO jobs without queue and name columns; not checked")
-        return []
-    rows = _rows(tokens, i)
-    if rows is None:
-        warnings.append(f"{where}: INSERT INTO jobs neither VALUES nor SELECT; not checked")
-        return []
-    # A statement that takes parameters gets its pair from its Python caller,
-    # which is what the check reads (lib.insert's own queries are such). So
-    # does a function's, whose arguments are named p_* (migration 015's
-    # jobs_insert, called by lib.insert's queries).
-    parameterized = any(t.kind == "param" or t.word.startswith("p_") for t in tokens[start:])
-    writers = []
-    for row in rows:
-        if len(row) != len(names):
-            warnings.append(f"{where}: INSERT INTO jobs with {len(names)} columns but {len(row)} values; not checked")
-            continue
-        pair = [_sql_value(row[names.index(column)]) for column in ("queue", "name")]
-        if all(isinstance(v, str) for v in pair):
-            writers.append(Writer(where, pair[0], pair[1]))
-        elif not parameterized:
-            shown = ", ".join(" ".join(t.text for t in row[names.index(c)]) for c in ("queue", "name"))
-            warnings.append(f"{where}: INSERT INTO jobs queue/name are not literals ({shown}); not checked")
-    return writers
+    def read(self, sql: str, line: int = 1, arguments: frozenset[str] = frozenset()) -> None:
+        """The statements in sql, which starts on the file's `line`; arguments:
+        those of the function whose body it is."""
+        try:
+            statements = parse_sql(sql)
+        except ParseError as exc:
+            self.unreadable(sql, line, exc)
+            return
+        for raw in statements:
+            names = arguments
+            if isinstance(raw.stmt, pg.CreateFunctionStmt):
+                names |= {p.name for p in raw.stmt.parameters or () if p.name}
+            if isinstance(raw.stmt, pg.CreateFunctionStmt | pg.DoStmt):
+                self.read_body(raw, sql, line, names)
+            nodes = list(_nodes(raw.stmt))
+            # A statement that takes parameters gets its pair from its caller:
+            # the Python code the check reads (lib.insert's own queries are
+            # such), or whoever calls the function (migration 015's jobs_insert).
+            parameterized = any(
+                isinstance(n, pg.ParamRef)
+                or (isinstance(n, pg.ColumnRef) and getattr(n.fields[0], "sval", "") in names)
+                for n in nodes
+            )
+            for node in nodes:
+                if isinstance(node, pg.InsertStmt) and (node.relation.schemaname, node.relation.relname) in _JOBS:
+                    where = f"{self.where}:{_line(sql, line, node.relation.location)}"
+                    self.read_insert(node, where, parameterized)
 
+    def read_body(self, raw: pg.RawStmt, sql: str, line: int, arguments: frozenset[str]) -> None:
+        """The body of a function (or a DO block) in SQL or PL/pgSQL: a trigger may enqueue."""
+        stmt = raw.stmt
+        options = {o.defname: o for o in (stmt.args if isinstance(stmt, pg.DoStmt) else stmt.options) or ()}
+        if "as" not in options:
+            return  # BEGIN ATOMIC: its statements are in the tree already
+        language = options["language"].arg.sval if "language" in options else "plpgsql"  # DO's default
+        quoted = options["as"].arg
+        body = (quoted[0] if isinstance(quoted, tuple) else quoted).sval
+        first = _line(sql, line, options["as"].arg_location)
+        if language == "sql":
+            self.read(body, first, arguments)
+            return
+        if language != "plpgsql":
+            return  # C, Python...: no SQL to read
+        end = raw.stmt_location + raw.stmt_len if raw.stmt_len else len(sql)
+        try:
+            function = parse_plpgsql(sql[raw.stmt_location : end])
+        except ParseError as exc:
+            self.unreadable("", first, exc)  # with no position: at the body's first line
+            return
+        lines = body.splitlines(keepends=True)
+        for query, lineno in _plpgsql_statements(function):
+            # A statement's text starts at its first word, which may be on a
+            # line after the one PL/pgSQL names (RETURN QUERY\n INSERT ...).
+            start = sum(map(len, lines[: lineno - 1]))
+            at = max(body.find(query.partition("\n")[0], start), start)
+            self.read(query, _line(body, first, at), arguments)
 
-def _rows(tokens: list[_Token], i: int) -> list[list[list[_Token]]] | None:
-    """Each row's value expressions, from VALUES (...), (...) or SELECT a, b [UNION SELECT ...]."""
-    word = tokens[i].word if i < len(tokens) else ""
-    if word == "values":
-        rows = []
-        i += 1
-        while i < len(tokens) and tokens[i].text == "(":
-            row, i = _group(tokens, i)
-            rows.append(row)
-            if i < len(tokens) and tokens[i].text == ",":
-                i += 1
-        return rows
-    if word != "select":
-        return None
-    rows = []
-    while i < len(tokens) and tokens[i].word == "select":
-        i += 1
-        if i < len(tokens) and tokens[i].word in ("distinct", "all"):
-            i += 1
-        row, i = _select_list(tokens, i)
-        rows.append(row)
-        i = _next_select(tokens, i)
-    return rows
-
-
-def _group(tokens: list[_Token], i: int) -> tuple[list[list[_Token]], int]:
-    """The comma-separated items of the parenthesised group at tokens[i]; the index after it."""
-    items: list[list[_Token]] = [[]]
-    depth = 0
-    for j in range(i, len(tokens)):
-        text = tokens[j].text
-        if text == "(":
-            depth += 1
-            if depth == 1:
+    def read_insert(self, insert: pg.InsertStmt, where: str, parameterized: bool) -> None:
+        names = [column.name for column in insert.cols or ()]
+        if not names:
+            self.warnings.append(f"{where}: INSERT INTO jobs without a column list; not checked")
+            return
+        if "queue" not in names or "name" not in names:
+            self.warnings.append(f"{where}: INSERT INTO jobs without queue and name columns; not checked")
+            return
+        for row in _rows(insert.selectStmt):  # never DEFAULT VALUES: that takes no column list
+            if len(row) != len(names):
+                self.warnings.append(
+                    f"{where}: INSERT INTO jobs with {len(names)} columns but {len(row)} values; not checked"
+                )
                 continue
-        elif text == ")":
-            depth -= 1
-            if depth == 0:
-                return items, j + 1
-        if depth == 1 and text == ",":
-            items.append([])
-        else:
-            items[-1].append(tokens[j])
-    return items, len(tokens)
+            values = [row[names.index(column)] for column in ("queue", "name")]
+            queue, name = (_literal(value) for value in values)
+            if queue is not None and name is not None:
+                self.writers.append(Writer(where, queue, name))
+            elif not parameterized:
+                shown = ", ".join(RawStream()(value) for value in values)
+                self.warnings.append(f"{where}: INSERT INTO jobs queue/name are not literals ({shown}); not checked")
+
+    def unreadable(self, sql: str, line: int, exc: ParseError) -> None:
+        """A problem at the position the parser names; none is the end of sql."""
+        message, position = exc.args
+        at = _line(sql, line, len(sql) if position is None else position)
+        self.problems.append(f"{self.where}:{at}: cannot be read: {message}")
 
 
-def _select_list(tokens: list[_Token], i: int) -> tuple[list[list[_Token]], int]:
-    items: list[list[_Token]] = [[]]
-    depth = 0
-    while i < len(tokens):
-        token = tokens[i]
-        if depth == 0 and ((token.kind == "ident" and token.word in _SELECT_END) or token.text == ")"):
-            break  # a ) here closes the CTE or subquery the INSERT sits in
-        depth += (token.text == "(") - (token.text == ")")
-        if depth == 0 and token.text == ",":
-            items.append([])
-        else:
-            items[-1].append(token)
-        i += 1
-    return [_strip_alias(item) for item in items], i
+def _plpgsql_statements(tree: Any, lineno: int = 1) -> Iterator[tuple[str, int]]:
+    """Each SQL statement of a parsed PL/pgSQL body, with its line in the body.
+    Expressions (IF's, RETURN's) are left out: an INSERT cannot be in one."""
+    if isinstance(tree, list):
+        for item in tree:
+            yield from _plpgsql_statements(item, lineno)
+    elif isinstance(tree, dict):
+        lineno = tree.get("lineno", lineno)
+        expr = tree.get("PLpgSQL_expr")
+        if expr is not None and expr.get("parseMode", 0) == 0:  # RAW_PARSE_DEFAULT: a whole statement
+            yield expr["query"], lineno
+        for value in tree.values():
+            yield from _plpgsql_statements(value, lineno)
 
 
-def _strip_alias(item: list[_Token]) -> list[_Token]:
-    """'caches' AS queue, or 'caches' queue: the value without its alias."""
-    if len(item) >= 3 and item[-2].word == "as":
-        return item[:-2]
-    if len(item) == 2 and item[0].kind == "string" and item[1].kind == "ident":
-        return item[:1]
-    return item
+def _nodes(node: Any) -> Iterator[pg.Node]:
+    """node and every node under it."""
+    if isinstance(node, tuple):
+        for item in node:
+            yield from _nodes(item)
+    elif isinstance(node, pg.Node):
+        yield node
+        for attribute in node:
+            yield from _nodes(getattr(node, attribute))
 
 
-def _next_select(tokens: list[_Token], i: int) -> int:
-    """Past the FROM ... of one SELECT to the SELECT after its UNION, if any."""
-    depth = 0
-    while i < len(tokens):
-        token = tokens[i]
-        if depth == 0 and token.text == ")":
-            return i  # the end of the CTE or subquery the INSERT sits in
-        depth += (token.text == "(") - (token.text == ")")
-        if depth == 0 and token.word in ("union", "except", "intersect"):
-            i += 1
-            if i < len(tokens) and tokens[i].word in ("all", "distinct"):
-                i += 1
-            return i
-        i += 1
-    return i
+def _line(sql: str, line: int, position: int) -> int:
+    """The file's line of sql[position], sql starting on the file's `line`."""
+    return line + sql.count("\n", 0, position)
 
 
-def _sql_value(expr: list[_Token]) -> str | None:
-    """A string literal, with or without a cast ('caches', 'caches'::text); None otherwise."""
-    if not expr or expr[0].kind != "string":
-        return None
-    rest = expr[1:]
-    cast = len(rest) >= 2 and rest[0].text == "::" and all(t.kind == "ident" for t in rest[1:])
-    if rest and not cast:
-        return None
-    text = expr[0].text
-    if text[0] in "eE":
-        return None  # escapes would need decoding; no job name needs them
-    return text[1:-1].replace("''", "'")
+def _rows(select: pg.SelectStmt) -> list[tuple[pg.Node, ...]]:
+    """Each row's value expressions: VALUES (...), (...), or SELECT a, b, and
+    the rows a UNION adds (an EXCEPT's or INTERSECT's right side adds none)."""
+    if select.larg is not None:
+        right = _rows(select.rarg) if select.op == SetOperation.SETOP_UNION else []
+        return _rows(select.larg) + right
+    if select.valuesLists:
+        return [tuple(row) for row in select.valuesLists]
+    return [tuple(target.val for target in select.targetList or ())]
+
+
+def _literal(value: pg.Node) -> str | None:
+    """A string literal, cast or not ('caches', 'caches'::text); None otherwise."""
+    while isinstance(value, pg.TypeCast):
+        value = value.arg
+    if isinstance(value, pg.A_Const) and isinstance(value.val, pg.String):
+        return value.val.sval
+    return None

@@ -1,4 +1,5 @@
-"""Backoff between attempts of a failed job: a pure function of the attempt."""
+"""Backoff between attempts: of a failed job (a pure function of the
+attempt), and of the loops that retry until the database answers again."""
 
 from __future__ import annotations
 
@@ -26,3 +27,23 @@ def backoff(
     step = min(cap, base * 2 ** min(attempt - 1, 32))
     r = random.random() if rand is None else rand
     return step / 2 + step / 2 * r
+
+
+class Backoff:
+    """The waits of a loop that retries until it succeeds (a connection, a
+    claim): backoff() of the failures in a row, from base up to cap, starting
+    over after a success. The jitter spreads the retries of processes that
+    lost the same server at the same moment."""
+
+    def __init__(self, base: float = 1.0, cap: float = 30.0) -> None:
+        self.base = base
+        self.cap = cap
+        self.failures = 0
+
+    def failed(self) -> float:
+        """Seconds to wait before the next try."""
+        self.failures += 1
+        return backoff(self.failures, base=self.base, cap=self.cap)
+
+    def succeeded(self) -> None:
+        self.failures = 0

@@ -30,7 +30,8 @@ def parse(text: str) -> dict[str, str]:
 
 
 class _Queries:
-    """Attribute access to the queries, so a typo fails at import, not at run time."""
+    """Attribute access to the queries: a misspelt name is an AttributeError
+    that names it, where it is used."""
 
     def __init__(self, queries: dict[str, str]) -> None:
         self.__dict__.update(queries)

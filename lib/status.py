@@ -94,7 +94,3 @@ def detail(status: str) -> str:
     """What follows the prefix ("" for a bare ok, pending or started)."""
     kind(status)
     return status.partition(": ")[2]
-
-
-def is_terminal(status: str) -> bool:
-    return kind(status) not in (Kind.PENDING, Kind.STARTED)

@@ -18,6 +18,7 @@ from gevent.select import select
 
 from lib.db import connect_options
 from lib.errors import Outage
+from lib.retry import Backoff
 
 log = logging.getLogger("jobs.wakeups")
 
@@ -46,16 +47,15 @@ class Listener:
         self.state = state
         self.outage = outage or Outage("listen for wakeups")
         self.listening = Event()  # set while a LISTEN connection is up (tests wait on it)
-        self.connections = 0  # how many times it has (re)connected
 
     def run(self, stop: Event) -> None:
-        backoff = 1.0
+        retry = Backoff(cap=_MAX_BACKOFF)
         while not stop.is_set():
             conn = None
             try:
                 conn = self._connect()
                 self.outage.recovered()
-                backoff = 1.0
+                retry.succeeded()
                 # Rows written while nobody listened would otherwise wait
                 # for the fallback poll.
                 self.wake_all()
@@ -66,8 +66,7 @@ class Listener:
                 self.listening.clear()
                 if conn is not None:
                     conn.close()
-            stop.wait(backoff)
-            backoff = min(backoff * 2, _MAX_BACKOFF)
+            stop.wait(retry.failed())
 
     def _connect(self) -> psycopg2.extensions.connection:
         conn = psycopg2.connect(self.dsn, **connect_options("jobs-listener", self.dsn))
@@ -76,7 +75,6 @@ class Listener:
             cur.execute(f"LISTEN {CHANNEL}")
             if self.state is not None:
                 cur.execute(f"LISTEN {STATE_CHANNEL}")
-        self.connections += 1
         self.listening.set()
         log.info("listening for wakeups")
         return conn

@@ -1,7 +1,8 @@
 """Chaos: real worker processes on a private Postgres, killed, cut off and
 restarted under them while they work, then the guarantees are checked from the
-tables alone (DESIGN.md: FIFO, concurrency, no double claim, nothing lost,
-outliving a restart, SIGTERM).
+tables alone (FIFO, concurrency, no double claim, nothing lost, outliving a
+restart, SIGTERM; each one's place is in
+ARCHITECTURE.md).
 
 Every run is recorded by the worker in chaos_runs (see apps/chaos_worker.py):
 a `start` row when the handler begins and an `end` row when it is done, with

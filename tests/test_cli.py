@@ -3,11 +3,10 @@ import subprocess
 import sys
 
 import psycopg2
-from tests_support import ROOT
+from tests_support import ROOT, paused
 
 from lib.insert import insert
 from lib.migrate import migrations
-from lib.queue_state import paused
 
 
 def cli(database_url: str, *args: str) -> subprocess.CompletedProcess:

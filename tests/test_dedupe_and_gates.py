@@ -2,11 +2,11 @@ from datetime import UTC, datetime, timedelta
 
 import psycopg2.errors
 import pytest
-from tests_support import count_jobs, run_python
+from tests_support import count_jobs, paused, run_python
 
 from lib.insert import Job, insert, insert_many
 from lib.poller import Poller
-from lib.queue_state import pause, paused, resume
+from lib.queue_state import pause, resume
 from lib.sql import Q
 
 

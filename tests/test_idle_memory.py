@@ -2,8 +2,8 @@
 tokens or JOBS_ADMIN_TOKEN never loads the libraries only those need
 (sentry-sdk, requests and urllib3, Jinja2), nor the operator's commands. Nor,
 with DATABASE_URL set and text logs, what only other settings or commands need
-(the embedded server's code, the JSON log formatter, the registry check, the
-command line's parser when there are no arguments), nor
+(the embedded server's code, the JSON log formatter, the registry check and its
+SQL parser, the command line's parser when there are no arguments), nor
 what gevent would load for work this worker never asks of it (psutil for a
 memory limit, the thread pool for a name lookup)."""
 
@@ -30,7 +30,7 @@ gevent.spawn_later(3, os.kill, os.getpid(), signal.SIGTERM)
 code = worker.main(REGISTRY, [], schedule=SCHEDULE)  # as `python worker.py`
 heavy = (
     "sentry_sdk", "requests", "urllib3", "jinja2", "tqdm", "lib.admin", "lib.commands",
-    "lib.embedded", "pythonjsonlogger", "lib.registry_check", "psutil", "gevent.threadpool", "uuid",
+    "lib.embedded", "pythonjsonlogger", "lib.registry_check", "pglast", "psutil", "gevent.threadpool", "uuid",
     "argparse", "lib.cli",
 )
 print("loaded:", sorted(name for name in heavy if name in sys.modules))

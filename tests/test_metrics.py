@@ -125,10 +125,10 @@ def test_a_scrape_while_the_database_is_down_still_answers_with_the_process_metr
             assert not [name for name, _ in got if name.startswith("jobs_queue_") and name != "jobs_queue_stats_up"]
             assert value(got, "jobs_pool_size") == 2
             # A lost connection is the database's outage (shared with the worker), not a fault of the scrape.
-            assert collector.outage.failing and not collector.fault.failing
+            assert collector.outage._failures and not collector.fault._failures
             proxy.up()
             wait_for(lambda: value(scrape(base), "jobs_queue_stats_up") == 1, 20)
-            assert not collector.outage.failing
+            assert not collector.outage._failures
     finally:
         db.close()
         proxy.close()

@@ -182,3 +182,115 @@ def test_the_real_tree_passes(capsys):
     }
     assert main(REGISTRY, SCHEDULE, ROOT) == 0
     assert capsys.readouterr().out.startswith("registry check ok: ")
+
+
+@pytest.mark.parametrize(
+    ("sql", "writers"),
+    [
+        pytest.param(
+            "WITH things AS (SELECT 1)\nINSERT INTO jobs (queue, name) SELECT 'ghost', 'ghost.Cte' FROM things",
+            [(2, "ghost", "ghost.Cte")],
+            id="with-insert",
+        ),
+        pytest.param(
+            "WITH job AS (\n  INSERT INTO jobs (queue, name) VALUES ('ghost', 'ghost.InCte') RETURNING id\n)\nSELECT id FROM job",
+            [(2, "ghost", "ghost.InCte")],
+            id="insert-in-cte",
+        ),
+        pytest.param(
+            "SELECT $fake$INSERT INTO jobs (queue, name) VALUES ('ghost', 'ghost.Fake')$fake$;\n"
+            "INSERT INTO jobs (queue, name) VALUES ($$ghost$$, $n$ghost.Dollar$n$)",
+            [(2, "ghost", "ghost.Dollar")],
+            id="dollar-quoted",
+        ),
+        pytest.param(
+            "-- INSERT INTO jobs (queue, name) VALUES ('ghost', 'ghost.Line');\n"
+            "/* outer /* nested */ INSERT INTO jobs (queue, name) VALUES ('ghost', 'ghost.Nested') */\n"
+            "INSERT INTO jobs (queue, name) VALUES ('known' /* , 'ghost.Inline' */, 'known.Run')",
+            [(3, "known", "known.Run")],
+            id="comments",
+        ),
+        pytest.param(
+            'INSERT INTO "jobs" AS j ("name", "queue") VALUES (\'ghost.Quoted\', \'ghost\');\n'
+            "INSERT INTO public.jobs (queue, name) VALUES ('ghost', 'ghost.Public');\n"
+            # Other tables: a quoted name keeps its case, another schema is another table.
+            "INSERT INTO \"Jobs\" (queue, name) VALUES ('ghost', 'ghost.Other');\n"
+            "INSERT INTO archive.jobs (queue, name) VALUES ('ghost', 'ghost.Other')",
+            [(1, "ghost", "ghost.Quoted"), (2, "ghost", "ghost.Public")],
+            id="quoted-identifiers",
+        ),
+        pytest.param(
+            "INSERT INTO jobs (args, name, queue)\n(SELECT jsonb_build_object('id', t.id), 'ghost.Select', 'ghost'::text FROM things t WHERE t.id = %(id)s)",
+            [(1, "ghost", "ghost.Select")],
+            id="insert-select",
+        ),
+        pytest.param(
+            "INSERT INTO jobs (queue, name) VALUES\n  ('known', 'known.Run'),\n  ('ghost', 'ghost.Row'),\n  (%(queue)s, %(name)s)",
+            [(1, "known", "known.Run"), (1, "ghost", "ghost.Row")],
+            id="multi-row-values",
+        ),
+        pytest.param(
+            # EXCEPT's right side is never written; E'' and U&'' strings are literals too.
+            "INSERT INTO jobs (queue, name)\nSELECT E'ghost', U&'ghost.\\0041' EXCEPT SELECT 'ghost', 'ghost.Never'",
+            [(1, "ghost", "ghost.A")],
+            id="set-operations-and-escapes",
+        ),
+        pytest.param(
+            # A placeholder right after an operator; the same characters in a string are the string's.
+            "SELECT 1 FROM jobs WHERE id=%(id)s;\nINSERT INTO jobs (queue, name) VALUES ('ghost', 'ghost.%(n)s')",
+            [(2, "ghost", "ghost.%(n)s")],
+            id="placeholders",
+        ),
+    ],
+)
+def test_sql_is_read_as_postgres_reads_it(tmp_path, sql, writers):
+    report = check([known], [], plant(tmp_path, {"sql/q.sql": sql}))
+    assert report.warnings == []
+    assert [(int(w.where.split(":")[1]), w.queue, w.name) for w in report.writers] == writers
+
+
+PLANTED_PLPGSQL = """\
+CREATE FUNCTION enqueue_many(p_queue text) RETURNS SETOF bigint LANGUAGE plpgsql AS $body$
+BEGIN
+  RAISE NOTICE '%', $msg$INSERT INTO jobs (queue, name) VALUES ('ghost', 'ghost.Notice')$msg$;
+  INSERT INTO jobs (queue, name) VALUES (p_queue, 'known.Run');  -- the caller's queue
+  RETURN QUERY
+    INSERT INTO jobs (queue, name) VALUES ('ghost', 'ghost.Returned') RETURNING id;
+END $body$;
+DO $$
+BEGIN
+  INSERT INTO jobs (queue, name) VALUES ('ghost', 'ghost.Do');
+END $$;
+CREATE FUNCTION enqueue_sql() RETURNS void LANGUAGE sql AS '
+  INSERT INTO jobs (queue, name) VALUES (''ghost'', ''ghost.Sql'')';
+"""
+
+
+def test_function_bodies_are_read_as_their_language(tmp_path):
+    report = check([known], [], plant(tmp_path, {"sql/migrations/016_f.sql": PLANTED_PLPGSQL}))
+    assert report.warnings == []
+    assert [(w.where, w.name) for w in report.writers] == [
+        ("sql/migrations/016_f.sql:6", "ghost.Returned"),
+        ("sql/migrations/016_f.sql:10", "ghost.Do"),
+        ("sql/migrations/016_f.sql:13", "ghost.Sql"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("sql", "problem"),
+    [
+        pytest.param(
+            "SELECT 1;\nINSERT INTO jobs (queue, name) VALUES ('ghost', 'ghost.Unclosed'\n",
+            "sql/q.sql:3: cannot be read: syntax error at end of input",
+            id="sql",
+        ),
+        pytest.param(
+            "SELECT 1;\nCREATE FUNCTION f() RETURNS void LANGUAGE plpgsql AS $$\nBEGIN\n  IF THEN END IF;\nEND $$;\n",
+            'sql/q.sql:2: cannot be read: missing expression at or near "THEN"',
+            id="plpgsql",
+        ),
+    ],
+)
+def test_sql_postgres_cannot_parse_is_a_problem(tmp_path, sql, problem):
+    report = check([known], [], plant(tmp_path, {"sql/q.sql": sql}))
+    assert report.problems == [problem]

@@ -7,7 +7,7 @@ from lib.db import DB
 from lib.insert import insert
 from lib.poller import Poller
 from lib.redrive import redrive
-from lib.retry import CAP_SECONDS, backoff
+from lib.retry import CAP_SECONDS, Backoff, backoff
 
 
 def test_backoff_grows_then_caps_with_jitter_in_the_upper_half():
@@ -25,6 +25,15 @@ def test_backoff_grows_then_caps_with_jitter_in_the_upper_half():
 def test_backoff_spreads_jobs_that_failed_together():
     waits = {round(backoff(3), 3) for _ in range(50)}
     assert len(waits) > 40 and all(20.0 <= w < 40.0 for w in waits)
+
+
+def test_a_retry_loop_waits_longer_each_failure_up_to_its_cap_and_starts_over_after_a_success():
+    retry = Backoff(base=1.0, cap=8.0)
+    waits = [retry.failed() for _ in range(6)]
+    # Steps 1, 2, 4, 8, 8, 8, each wait in the upper half of its step.
+    assert [1 <= w / s <= 2 for w, s in zip(waits, [0.5, 1, 2, 4, 4, 4], strict=True)] == [True] * 6
+    retry.succeeded()
+    assert 0.5 <= retry.failed() < 1.0
 
 
 def test_redrive_returns_failed_jobs_with_their_error_kept(db):

@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import gevent
@@ -15,6 +16,7 @@ import psycopg2
 from gevent.event import Event
 
 from lib.db import DB
+from lib.sql import Q
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -146,3 +148,8 @@ def poll_until(pollers, done, timeout: float = 30) -> None:
         for p in pollers:
             p.wake()
         gevent.joinall(greenlets, timeout=10, raise_error=True)
+
+
+def paused(db: DB) -> list[tuple[str, str, Any]]:
+    """The queues paused now: (queue, reason, until)."""
+    return [(q, r, u) for q, r, u in db.query(Q.queue_paused)]

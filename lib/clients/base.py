@@ -288,9 +288,6 @@ class APIClient:
         """
         return {"User-Agent": self.USER_AGENT}
 
-    def _on_response(self, response: requests.Response) -> None:
-        """Hook to record per-response state (e.g. remaining quota); no-op here."""
-
     def _classify(self, response: requests.Response, body: Any, method: str, path: str) -> APIError | None:
         """The error this response represents, or None if it is a success.
 
@@ -388,7 +385,7 @@ class APIClient:
                 raise too_large
             chunks.append(chunk)
         # Where requests keeps a body it read itself, so .content, .text and
-        # .json() work as usual for _classify and _on_response.
+        # .json() work as usual for _classify.
         response._content = b"".join(chunks)
 
     def _next_url(self, response: requests.Response, method: str, path: str) -> str | None:
@@ -435,7 +432,6 @@ class APIClient:
         else:
             raise APIError(response.status_code, method, path, f"more than {MAX_REDIRECTS} redirects")
         log.debug("%s %s -> %s", method, path, response.status_code)
-        self._on_response(response)
         try:
             body = response.json() if response.content else None
         except ValueError:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import quote
 
@@ -63,10 +63,6 @@ class GitHubClient(APIClient):
     # api.github.com; a redirect to any other host is refused.
     FOLLOW_REDIRECTS = True
 
-    # Primary-limit state from the last response, for a throttle to read.
-    rate_remaining: int | None = None
-    rate_reset_at: datetime | None = None
-
     def get_repo(self, owner: str, repo: str) -> dict[str, Any]:
         # Checked by GitHub's rules, which leave nothing to quote; quoted all
         # the same, so a looser rule later cannot open the path.
@@ -84,14 +80,6 @@ class GitHubClient(APIClient):
             "Accept": "application/vnd.github+json",
             "X-GitHub-Api-Version": self.API_VERSION,
         }
-
-    def _on_response(self, response: requests.Response) -> None:
-        remaining = response.headers.get("x-ratelimit-remaining")
-        if remaining is not None and remaining.strip().isdigit():
-            self.rate_remaining = int(remaining)
-        reset_at = parse_epoch(response.headers.get("x-ratelimit-reset"))
-        if reset_at is not None:
-            self.rate_reset_at = reset_at
 
     def _classify(self, response: requests.Response, body: Any, method: str, path: str) -> APIError | None:
         status = response.status_code

@@ -12,12 +12,7 @@ BATCH = 1000
 
 def age(db: DB, batch: int = BATCH) -> str:
     """Delete expired entries, a batch at a time."""
-    deleted = 0
-    while True:
-        n = db.exec(Q.cache_delete_expired, {"batch": batch})
-        deleted += n
-        if n < batch:
-            break
+    deleted = db.exec_in_batches(Q.cache_delete_expired, {"batch": batch})
     return status.ok(f"deleted {deleted}") if deleted else status.skip("nothing expired")
 
 

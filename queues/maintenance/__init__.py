@@ -1,16 +1,14 @@
 """The maintenance queue: retention of finished job rows, and of the worker
 registry's rows. No external API, no throttle.
 
-The rows it keeps (14 days by default) let a handler check for recent work
-before it calls a paid API.
+Finished rows are kept JOBS_RETENTION_DAYS (14 by default) for the operator:
+`worker.py failed`, `show`, redrive and the admin page read them.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-
-import gevent
 
 from lib import status, workers
 from lib.db import DB
@@ -26,14 +24,7 @@ BATCH = 1000
 def clean_up_jobs(db: DB, days: int = RETENTION_DAYS, batch: int = BATCH) -> str:
     if days < 1:
         raise ValueError(f"retention must be at least a day, got {days}")
-    deleted = 0
-    while True:
-        n = db.exec(Q.job_delete_finished, {"days": days, "batch": batch})
-        deleted += n
-        if n < batch:
-            break
-        # Each batch is its own short transaction; let the other queues run between them.
-        gevent.sleep(0)
+    deleted = db.exec_in_batches(Q.job_delete_finished, {"days": days, "batch": batch})
     log.info("deleted %d finished jobs older than %d days", deleted, days)
     return status.ok(f"deleted {deleted}") if deleted else status.skip("nothing old enough")
 

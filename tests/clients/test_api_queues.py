@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 from conftest import NOW, TOKEN
 from gevent.event import Event
-from tests_support import read_until, wait_for
+from tests_support import paused, read_until, wait_for
 
 from lib import status as st
 from lib.clients import ApolloClient, GitHubClient, SlackClient
 from lib.db import DB
 from lib.insert import insert
-from lib.queue_state import AUTH_PREFIX, pause, paused
+from lib.queue_state import AUTH_PREFIX, pause
 from queues import REGISTRY, anthropic, apollo, github, slack
 
 ROOT = Path(__file__).resolve().parents[2]

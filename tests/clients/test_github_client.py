@@ -82,20 +82,6 @@ def test_a_repo_name_github_would_not_allow_is_refused_unsent(github: GitHubClie
     assert fake_api.received == []
 
 
-def test_records_primary_rate_limit_state(github: GitHubClient, fake_api: Any) -> None:
-    assert github.rate_remaining is None
-    fake_api.reply(
-        200,
-        {"login": "a"},
-        {"x-ratelimit-remaining": "4999", "x-ratelimit-reset": RESET_EPOCH},
-    )
-
-    github.get_user("a")
-
-    assert github.rate_remaining == 4999
-    assert github.rate_reset_at == RESET_AT
-
-
 def test_401_is_auth_error(github: GitHubClient, fake_api: Any) -> None:
     fake_api.reply(401, {"message": "Bad credentials", "status": "401"})
     with pytest.raises(AuthError) as info:
@@ -119,7 +105,6 @@ def test_primary_rate_limit_uses_reset_epoch(github: GitHubClient, fake_api: Any
     assert not isinstance(info.value, AuthError)
     assert info.value.status == status
     assert info.value.reset_at == RESET_AT
-    assert github.rate_remaining == 0
 
 
 @pytest.mark.parametrize("status", [403, 429])
