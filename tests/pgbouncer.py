@@ -172,11 +172,12 @@ class PgBouncer:
         settings = {
             "listen_addr": "127.0.0.1",
             "listen_port": str(self.port),
-            # No Unix socket of its own: the default (/tmp/.s.PGSQL.<port>) is
-            # shared by every PgBouncer on the machine.
+            # No Unix socket: the default puts one in /tmp, where any local
+            # user could reach the server through it.
             "unix_socket_dir": "",
             "auth_type": "any",
-            # The console lets this user in (any name gets in with auth_type = any).
+            # With auth_type = any every client reaches the console (as user
+            # pgbouncer); named all the same, for a stricter auth_type.
             "admin_users": self.backend["user"],
             "pool_mode": self.pool_mode,
             "max_client_conn": "200",
