@@ -3,16 +3,13 @@ from gevent import monkey
 monkey.patch_all()  # before anything imports socket, ssl or threading users
 
 import os  # noqa: E402
-import uuid  # noqa: E402
 from collections.abc import Callable, Iterator, Mapping  # noqa: E402
-from contextlib import contextmanager  # noqa: E402
 from pathlib import Path  # noqa: E402
-from urllib.parse import urlsplit, urlunsplit  # noqa: E402
 
-import psycopg2  # noqa: E402
 import pytest  # noqa: E402
 import sentry_sdk  # noqa: E402
 from sentry_sdk.transport import Transport  # noqa: E402
+from tests_support import scratch_database  # noqa: E402
 
 from lib import embedded, errors  # noqa: E402
 from lib.db import DB  # noqa: E402
@@ -26,32 +23,10 @@ ROOT = Path(__file__).resolve().parent.parent
 os.environ["JOBS_HTTP_ADDR"] = "off"
 
 
-def _with_database(url: str, name: str) -> str:
-    """url pointing at another database of the same server."""
-    parts = urlsplit(url)
-    return urlunsplit(parts._replace(path="/" + name))
-
-
 @pytest.fixture(scope="session")
 def server_url() -> str:
     """The server the suite runs on: DATABASE_URL, else the embedded one."""
     return embedded.database_url(Settings.from_environ(), ROOT / ".pgdata" / "test")
-
-
-@contextmanager
-def scratch_database(server_url: str, prefix: str) -> Iterator[str]:
-    """The URL of a new, empty database on the server, dropped afterwards."""
-    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
-    admin = psycopg2.connect(server_url)
-    admin.autocommit = True
-    try:
-        with admin.cursor() as cur:
-            cur.execute(f"CREATE DATABASE {name}")
-        yield _with_database(server_url, name)
-        with admin.cursor() as cur:
-            cur.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-    finally:
-        admin.close()
 
 
 @pytest.fixture(scope="session")

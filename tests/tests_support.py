@@ -4,8 +4,12 @@ import os
 import subprocess
 import sys
 import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import gevent
 import psycopg2
@@ -15,6 +19,30 @@ from lib.db import DB
 from lib.sql import Q
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def _with_database(url: str, name: str) -> str:
+    """url pointing at another database of the same server."""
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path="/" + name))
+
+
+@contextmanager
+def scratch_database(server_url: str, prefix: str) -> Iterator[str]:
+    """The URL of a new, empty database on the server, dropped afterwards.
+    Here, not in conftest: a test module cannot import from conftest (another
+    folder's conftest.py may hold that module name)."""
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    admin = psycopg2.connect(server_url)
+    admin.autocommit = True
+    try:
+        with admin.cursor() as cur:
+            cur.execute(f"CREATE DATABASE {name}")
+        yield _with_database(server_url, name)
+        with admin.cursor() as cur:
+            cur.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    finally:
+        admin.close()
 
 
 def count_jobs(db: DB, where: str = "TRUE") -> int:

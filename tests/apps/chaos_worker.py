@@ -8,6 +8,8 @@ Settings (environment):
   CHAOS_QUEUES     comma-separated queues (default c0,c1,c2,c3), concurrency 1
   CHAOS_SLEEP_MS   "lo,hi": each run sleeps a random time in between (default 0,20)
   CHAOS_FAIL_RATE  chance that a run raises after it ended (default 0.01)
+  CHAOS_POLL_INTERVAL  the queues' fallback poll, in seconds (default 0.2);
+                   long, for a test that must see a wakeup and not a poll
   CHAOS_DIE_IN_BATCH  N: the process SIGKILLs itself in its Nth group commit
                    that writes an outcome and claims, once the server has
                    answered and before any poller hears the answer
@@ -41,6 +43,7 @@ log = logging.getLogger("chaos")
 QUEUES = os.environ.get("CHAOS_QUEUES", "c0,c1,c2,c3").split(",")
 SLEEP_MS = tuple(float(x) for x in os.environ.get("CHAOS_SLEEP_MS", "0,20").split(","))
 FAIL_RATE = float(os.environ.get("CHAOS_FAIL_RATE", "0.01"))
+POLL_INTERVAL = float(os.environ.get("CHAOS_POLL_INTERVAL", "0.2"))
 MAX_ATTEMPTS = 3
 PID = os.getpid()
 
@@ -118,7 +121,9 @@ def make_queue(queue: str) -> Callable[[DB], Poller]:
             return status.ok()
 
         # A short retry base, so retried jobs finish within the run.
-        return Poller(queue, db, {"chaos.Run": run}, poll_interval=0.2, max_attempts=MAX_ATTEMPTS, retry_base=0.5)
+        return Poller(
+            queue, db, {"chaos.Run": run}, poll_interval=POLL_INTERVAL, max_attempts=MAX_ATTEMPTS, retry_base=0.5
+        )
 
     return make
 
