@@ -18,7 +18,7 @@ from gevent.event import Event  # noqa: E402
 
 from lib import blocked, errors, httpd, logs, queue_state, stats, workers  # noqa: E402
 from lib.clock import Clock, Scheduled  # noqa: E402
-from lib.db import DB, is_conn_failure  # noqa: E402
+from lib.db import DB, behind_pooler, is_conn_failure  # noqa: E402
 from lib.errors import Outage  # noqa: E402
 from lib.leases import Leases  # noqa: E402
 from lib.migrate import migrate  # noqa: E402
@@ -81,6 +81,7 @@ def main(
         return commands.db_url(url, args, sys.stdout)
     db = _connect(url, size=len(registry) + POOL_BUFFER, pooled=settings.pooled)
     try:
+        _say_pooler(db, settings)
         migrate(db)
         if args.command in (None, "run"):
             # --shutdown-window, when given, over JOBS_SHUTDOWN_WINDOW.
@@ -124,6 +125,20 @@ def _connect(url: str, size: int, pooled: bool) -> DB:
             continue
         outage.recovered()
         return db
+
+
+def _say_pooler(db: DB, settings: Settings) -> None:
+    """Once at start, before any statement that needs a session: a pooler in
+    front of the server that JOBS_POOLER does not name. In session mode that
+    is fine; in transaction mode the first prepared statement fails."""
+    if settings.pooled:
+        return
+    with db.connection() as conn:
+        if behind_pooler(conn):
+            log.warning(
+                "DATABASE_URL goes through a connection pooler; if it is in transaction mode,"
+                " set JOBS_POOLER=transaction (and DATABASE_DIRECT_URL for wakeups)"
+            )
 
 
 def _operate(db: DB, args: "Namespace | SimpleNamespace", registry: Registry) -> int:

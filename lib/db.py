@@ -142,6 +142,16 @@ def connect_options(application_name: str, dsn: str) -> dict[str, Any]:
     return options
 
 
+def behind_pooler(conn: psycopg2.extensions.connection) -> bool:
+    """Whether the connection goes through a connection pooler (PgBouncer,
+    say): the process id the connection was given at start is then the
+    pooler's own, not that of the server process running its statements."""
+    with conn.cursor() as cur:
+        cur.execute("SELECT pg_backend_pid()")
+        (server_pid,) = cur.fetchone()
+    return bool(conn.info.backend_pid != server_pid)
+
+
 @dataclass
 class _Pooled:
     conn: psycopg2.extensions.connection

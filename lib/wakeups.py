@@ -16,7 +16,7 @@ import psycopg2.extensions
 from gevent.event import Event
 from gevent.select import select
 
-from lib.db import connect_options
+from lib.db import behind_pooler, connect_options
 from lib.errors import Outage
 from lib.retry import Backoff
 
@@ -47,6 +47,7 @@ class Listener:
         self.state = state
         self.outage = outage or Outage("listen for wakeups")
         self.listening = Event()  # set while a LISTEN connection is up (tests wait on it)
+        self._warned_pooler = False  # said once per process, not at every reconnect
 
     def run(self, stop: Event) -> None:
         retry = Backoff(cap=_MAX_BACKOFF)
@@ -75,6 +76,15 @@ class Listener:
             cur.execute(f"LISTEN {CHANNEL}")
             if self.state is not None:
                 cur.execute(f"LISTEN {STATE_CHANNEL}")
+        if not self._warned_pooler and behind_pooler(conn):
+            # Accepted, and in transaction mode never heard again: the pooler
+            # hands the session that listens to other clients' transactions.
+            self._warned_pooler = True
+            log.warning(
+                "the LISTEN connection goes through a connection pooler: unless it is in session mode,"
+                " no wakeup arrives and queues wait for their fallback poll; point DATABASE_DIRECT_URL"
+                " at the server itself"
+            )
         self.listening.set()
         log.info("listening for wakeups")
         return conn

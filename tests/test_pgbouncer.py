@@ -517,3 +517,44 @@ def test_the_worker_is_a_client_of_pgbouncer(db: DB, database: Database, bouncer
     # Claims, outcomes and the runs' records: more than one transaction a job.
     assert xacts() - before > len(ids)
     assert worker.problems() == []
+
+
+# --- a pooler the settings do not name ---------------------------------------------
+
+
+def test_a_listen_through_the_pooler_is_named_once(database: Database, tmp_path: Path) -> None:
+    """DATABASE_DIRECT_URL pointed at the pooler by mistake: the LISTEN is
+    accepted and would never hear a thing, so the worker says so, once."""
+    with workers(tmp_path, database, direct=False, DATABASE_DIRECT_URL=database.pooled_url) as start:
+        worker = start()
+        wait_ready(worker)
+        wait_for(lambda: "listening for wakeups" in worker.text(), timeout=10)
+        assert worker.stop() == 0
+    assert len(worker.lines("the LISTEN connection goes through a connection pooler")) == 1, worker.text()
+
+
+def test_a_database_url_through_a_pooler_without_jobs_pooler_is_named(database: Database) -> None:
+    """JOBS_POOLER unset with DATABASE_URL at PgBouncer: said before the first
+    statement that needs a session (here a migration's), whatever comes of it."""
+    env = {k: v for k, v in os.environ.items() if k not in OUTER}
+    done = subprocess.run(
+        [sys.executable, "worker.py", "migrate"],
+        cwd=APP.parents[2],
+        env={**env, "DATABASE_URL": database.pooled_url},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    said = [line for line in done.stderr.splitlines() if "DATABASE_URL goes through a connection pooler" in line]
+    assert len(said) == 1, done.stderr
+    # And never for the server itself.
+    direct = subprocess.run(
+        [sys.executable, "worker.py", "migrate"],
+        cwd=APP.parents[2],
+        env={**env, "DATABASE_URL": database.direct_url},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert direct.returncode == 0, direct.stderr
+    assert "connection pooler" not in direct.stderr
