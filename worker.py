@@ -85,7 +85,11 @@ def main(
         migrate(db)
         if args.command in (None, "run"):
             # --shutdown-window, when given, over JOBS_SHUTDOWN_WINDOW.
-            return run(db, registry, replace(settings, shutdown_window=args.shutdown_window), schedule=schedule)
+            try:
+                return run(db, registry, replace(settings, shutdown_window=args.shutdown_window), schedule=schedule)
+            except SettingError as exc:  # one only the registry can check (JOBS_QUEUES)
+                print(f"worker: {exc}", file=sys.stderr)
+                return 2
         return _operate(db, args, registry)
     finally:
         db.close()
@@ -195,7 +199,7 @@ def run(
     supervisor = supervisor or Supervisor(stop)
     # One report for an outage of the database, not one per queue or part.
     outage = Outage("database")
-    pollers, registered = _start_pollers(db, registry)
+    pollers, registered = _start_pollers(db, registry, settings.queues)
     # Before any part starts: a start-up report, not a step in their timing.
     _say_unrun(db, registered)
     legacy_age = max((p.job_timeout for p in pollers), default=600.0) + 60
@@ -300,18 +304,24 @@ def _router(pollers: Sequence[Poller]) -> Callable[[str], None]:
     return lambda queue: _wake(by_queue.get(queue, ()))
 
 
-def _start_pollers(db: DB, registry: Registry) -> tuple[list[Poller], list[str]]:
+def _start_pollers(db: DB, registry: Registry, only: frozenset[str] | None = None) -> tuple[list[Poller], list[str]]:
     """Build the pollers; say once which queues are off and why, declare the
     job names that dedupe, and end the pauses a rejected token caused (this
-    start may be the one after the token was fixed). The pollers that run,
-    and every registered queue, the off ones too: their rows wait for a
-    token, not for a queue that does not exist."""
+    start may be the one after the token was fixed). The pollers that run
+    (those of `only`, JOBS_QUEUES, when given), and every registered queue,
+    the off ones too: their rows wait for a token or another process, not
+    for a queue that does not exist."""
     pollers, registered = [], []
-    for make in registry:
-        poller = make(db)
+    made = [make(db) for make in registry]
+    unknown = sorted((only or set()) - {p.queue for p in made})
+    if unknown:
+        raise SettingError(f"JOBS_QUEUES names queues that are not registered: {', '.join(unknown)}")
+    for poller in made:
         registered.append(poller.queue)
-        if poller.off:
-            log.warning("queue=%s is off: %s", poller.queue, poller.off)
+        if only is not None and poller.queue not in only:
+            continue
+        if poller.disabled_reason:
+            log.warning("queue=%s is off: %s", poller.queue, poller.disabled_reason)
             continue
         if poller.dedupe:
             # Additive: a process that lists fewer names (an older release) cannot switch others off.

@@ -52,14 +52,14 @@ def make_api_worker(
     token and base_url (the worker's settings: queues.registry); off (with the
     reason) when the token is not set or cannot be sent (the client refuses
     it when built: see NotConfigured)."""
-    off = None
+    disabled_reason = None
     if client is None:
         try:
             client = client_class(token, base_url=base_url)
         except NotConfigured as exc:
-            off = str(exc)
+            disabled_reason = str(exc)
     dispatch: dict[str, Handler] = {name: _guard(queue, db, client, handler, now) for name, handler in handlers.items()}
-    return Poller(queue, db, dispatch, throttle=throttle, off=off, **options)
+    return Poller(queue, db, dispatch, throttle=throttle, disabled_reason=disabled_reason, **options)
 
 
 def _guard(queue: str, db: DB, client: Any, handler: ApiHandler, now: Callable[[], datetime]) -> Handler:

@@ -131,7 +131,7 @@ class Poller:
         concurrency: int = 1,
         max_attempts: int = 1,
         outage: Outage | None = None,
-        off: str | None = None,
+        disabled_reason: str | None = None,
         dedupe: frozenset[str] | set[str] = frozenset(),
         retry_base: float = RETRY_BASE_SECONDS,
     ) -> None:
@@ -163,7 +163,7 @@ class Poller:
         self.outage = outage or Outage(f"queue={queue} fetch")
         # Why this queue must not run in this process (say, its API token is
         # not configured); the worker says so once and leaves it alone.
-        self.off = off
+        self.disabled_reason = disabled_reason
         # Job names that refuse a second pending or started copy with the same args.
         self.dedupe = frozenset(dedupe)
         # The worker shares one Leases (its worker id, lease length, renewal

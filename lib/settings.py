@@ -163,6 +163,17 @@ def admin_token(text: str | None, name: str = "JOBS_ADMIN_TOKEN", default: str |
     return text
 
 
+def parse_queues(text: str | None, name: str, default: frozenset[str] | None) -> frozenset[str] | None:
+    """Queue names, comma-separated; unset or blank: every registered queue.
+    Whether each is registered is checked once the registry is built."""
+    if text is None or not text.strip():
+        return default
+    names = [part.strip() for part in text.split(",")]
+    if not all(names) or not all(n.isprintable() for n in names):
+        raise SettingError(f"{name} must be queue names separated by commas, got {text!r}")
+    return frozenset(names)
+
+
 def parse_token(text: str | None, name: str, default: str | None) -> str | None:
     """An API token, its surrounding whitespace dropped (a line break at the
     end of a pasted token); unset or blank: its queue is off. Not checked
@@ -236,6 +247,9 @@ class Settings:
     direct_url: str | None = setting("DATABASE_DIRECT_URL", None, parse_dsn, dsn=True)
     # None: each queue's own, or DEFAULT_POLLING_INTERVAL without LISTEN.
     poll_interval: float | None = setting("JOBS_POLL_INTERVAL", None, partial(seconds, low=0.05, high=3600.0))
+    # The queues this process runs (None: every registered one): replicas that
+    # deal the queues out overlap their loops on more cores.
+    queues: frozenset[str] | None = setting("JOBS_QUEUES", None, parse_queues)
     # Finished rows older than this many days are deleted (queues/maintenance).
     retention_days: int = setting(
         "JOBS_RETENTION_DAYS",

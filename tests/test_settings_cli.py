@@ -80,6 +80,7 @@ def test_the_password_is_found_and_masked_in_every_form_of_dsn():
         ("LOG_LEVEL", "LOUD"),
         ("LOG_FORMAT", "xml"),
         ("JOBS_POOLER", "pgbouncer"),
+        ("JOBS_QUEUES", "github,,slack"),
         ("JOBS_POLL_INTERVAL", "0"),
         ("JOBS_POLL_INTERVAL", "soon"),
         ("JOBS_RETENTION_DAYS", "abc"),

@@ -6,6 +6,7 @@ import socket
 from datetime import timedelta
 
 import gevent
+import pytest
 from gevent.event import Event
 from tests_support import wait_for
 
@@ -14,7 +15,7 @@ from lib import stats, workers
 from lib.insert import insert
 from lib.leases import Leases
 from lib.poller import Poller
-from lib.settings import Settings
+from lib.settings import SettingError, Settings
 from queues import maintenance
 
 
@@ -120,3 +121,27 @@ def test_the_daily_clean_up_forgets_workers_unseen_for_a_day(db):
     done = maintenance.make_worker(db).work_once()
     assert done == "ok: nothing old enough; forgot 1 workers unseen for a day"
     assert {r[0] for r in db.query("SELECT id FROM workers")} == {"live", "yesterday", "gone-holding"}
+
+
+def test_jobs_queues_runs_only_the_queues_it_names(db, caplog):
+    """Replicas that deal the queues out: this process runs a and leaves b's
+    rows to another, without calling them rows no worker runs."""
+    for queue in ("a", "b"):
+        insert(db, queue, f"{queue}.N")
+    registry = [lambda db, q=q: Poller(q, db, {f"{q}.N": lambda job: "ok"}) for q in ("a", "b")]
+    stop = Event()
+    run = gevent.spawn(worker.run, db, registry, Settings(http_addr=None, queues=frozenset({"a"})), stop=stop)
+    try:
+        wait_for(lambda: db.query_row("SELECT status FROM jobs WHERE queue = 'a'") == ("ok",), 10)
+        [info] = stats.workers(db)
+        assert info.queues == ["a"]
+    finally:
+        stop.set()
+        assert run.get(timeout=30) == 0
+    assert db.query_row("SELECT status FROM jobs WHERE queue = 'b'") == ("pending",)
+    assert not [r for r in caplog.records if "no worker runs" in r.getMessage()]
+
+
+def test_jobs_queues_naming_an_unregistered_queue_is_refused(db):
+    with pytest.raises(SettingError, match="JOBS_QUEUES names queues that are not registered: c"):
+        worker.run(db, [lambda db: Poller("a", db, {"a.N": lambda job: "ok"})], Settings(queues=frozenset({"a", "c"})))

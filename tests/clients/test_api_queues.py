@@ -211,7 +211,7 @@ def _pollers(env, db=None) -> dict[str, Poller]:
 def _queues_on(env) -> list[str]:
     """The registry's queues that are on under env, in its order (the worker's
     start line): derived, so a queue a user adds does not break the test."""
-    return [queue for queue, poller in _pollers(env).items() if not poller.off]
+    return [queue for queue, poller in _pollers(env).items() if not poller.disabled_reason]
 
 
 def test_worker_without_tokens_starts_and_says_which_queues_are_off(db, database_url):
@@ -249,9 +249,9 @@ def test_a_token_with_a_line_break_turns_its_queue_off(module, var):
     """Not sent with every job to fail each one with the token in its text:
     the queue is off from the start, and the reason names the variable only."""
     poller = _pollers({var: BAD_TOKEN})[module.__name__.split(".")[-1]]
-    assert poller.off is not None
-    assert poller.off.startswith(f"{var} holds U+000A")
-    assert "sekret" not in poller.off and "1234" not in poller.off
+    assert poller.disabled_reason is not None
+    assert poller.disabled_reason.startswith(f"{var} holds U+000A")
+    assert "sekret" not in poller.disabled_reason and "1234" not in poller.disabled_reason
 
 
 # Each API queue, its client, and one job it runs.
@@ -272,7 +272,7 @@ def test_the_registry_gives_each_api_queue_its_own_token_and_base_url(db, fake_a
     env |= {c.BASE_URL_ENV: "http://127.0.0.1:9" for _, c, _, _ in API_QUEUES}
     env[cls.BASE_URL_ENV] = fake_api.url
     poller = _pollers(env, db)[queue]
-    assert (poller.queue, poller.off) == (queue, None)
+    assert (poller.queue, poller.disabled_reason) == (queue, None)
     fake_api.reply(500, {"error": "down"})
     insert(db, queue, name, args)
     assert poller.work_once(stop=STOPPED).startswith("err: ServerError")

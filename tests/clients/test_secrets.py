@@ -122,7 +122,7 @@ def test_the_token_goes_only_to_its_api_in_its_header(
     [token] = settings.secrets()
     base_url = next(getattr(settings, f) for f, env in ENV.items() if env == base_var)
     worker = module.make_worker(db, token=token, base_url=base_url, now=lambda: NOW)
-    assert worker.off is None
+    assert worker.disabled_reason is None
     fake_api.reply(200, ok_body)
     fake_api.reply(500, {"message": f"boom, your token {SECRET} broke us", "error": f"token {SECRET}"})
     fake_api.reply(401, {"message": f"invalid credential {SECRET}", "error": f"invalid {SECRET}"})
