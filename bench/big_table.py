@@ -40,7 +40,6 @@ monkey.patch_all()
 
 import argparse
 import io
-import logging
 import re
 import sys
 import time
@@ -60,14 +59,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import claim_flat as flat
 from bench.common import (
-    ROOT,
     Scratch,
+    begin,
     context_lines,
-    get_server,
-    load_average,
+    finish,
     machine_line,
     run_record,
-    save,
     scratch_database,
 )
 from lib import commands, stats
@@ -75,9 +72,9 @@ from lib.admin import FAILURES_SHOWN
 from lib.commit import Committer
 from lib.db import DB
 from lib.metrics import QueueCollector
+from lib.settings import DEFAULT_RETENTION_DAYS as RETENTION_DAYS
 from lib.sql import Q, statement
 from queues.maintenance import BATCH as RETENTION_BATCH
-from queues.maintenance import RETENTION_DAYS
 
 QUEUE = flat.QUEUE
 # The failures the redrive measurements work on: a name of their own on the
@@ -197,14 +194,7 @@ def fill(table: Table, args: argparse.Namespace, queues: list[str], hours: float
     db.exec(FAILURES_SQL, {"queue": QUEUE, "name": RECENT_NAME, "rows": args.failures})
     phase = table.side.phase
     others = queues[1:]
-    for names, rows, delayed in (
-        ([QUEUE], phase.backlog.queue_due, False),
-        ([QUEUE], phase.backlog.queue_delayed, True),
-        (others, phase.backlog.other_due, False),
-        (others, phase.backlog.other_delayed, True),
-    ):
-        if rows:
-            db.exec(flat.PENDING_SQL, {"queues": names, "name": flat.NAME, "rows": rows, "delayed": delayed})
+    flat.fill_backlog(db, phase.backlog, others)
     flat.top_up(db, phase.pending)
     b.rest_s = time.perf_counter() - started
     started = time.perf_counter()
@@ -1076,9 +1066,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s %(message)s")
-    load_at_start = load_average()
-    server = get_server()
+    server, load_at_start = begin()
     started = time.perf_counter()
     with ExitStack() as stack:
         scratches = [stack.enter_context(scratch_database(server)) for _ in range(2)]
@@ -1091,9 +1079,7 @@ def main(argv: list[str] | None = None) -> int:
         result = report(found, args, load_at_start)
     result["run_s"] = time.perf_counter() - started
     print_plans(result)
-    print_table(result)
-    print(f"\nthe run took {result['run_s'] / 60:.1f} min; saved {save(result, 'big_table').relative_to(ROOT)}")
-    return 0
+    return finish(result, "big_table", print_table, note=f"the run took {result['run_s'] / 60:.1f} min; ")
 
 
 if __name__ == "__main__":

@@ -54,16 +54,14 @@ import psycopg2.extensions
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (
-    ROOT,
     Scratch,
     admin_connect,
+    begin,
     context_lines,
-    get_server,
-    load_average,
+    finish,
     machine_line,
     percentile,
     run_record,
-    save,
     scratch_database,
 )
 from lib.commit import Committer, Reply
@@ -208,20 +206,24 @@ def top_up(db: DB, pending: int) -> None:
     insert_many(db, [Job(QUEUE, NAME, {"i": i}) for i in range(pending)])
 
 
+def fill_backlog(db: DB, backlog: Backlog, others: list[str]) -> None:
+    """The backlog's pending rows: due and delayed, of the measured queue and of the others."""
+    for queues, rows, delayed in (
+        ([QUEUE], backlog.queue_due, False),
+        ([QUEUE], backlog.queue_delayed, True),
+        (others, backlog.other_due, False),
+        (others, backlog.other_delayed, True),
+    ):
+        if rows:
+            db.exec(PENDING_SQL, {"queues": queues, "name": NAME, "rows": rows, "delayed": delayed})
+
+
 def fill(db: DB, phase: Phase) -> None:
     """The finished rows, the backlog and the queue's pending rows; then VACUUM ANALYZE."""
     started = time.perf_counter()
     if phase.finished:
         db.exec(FINISHED_SQL, {"queue": QUEUE, "name": NAME, "rows": phase.finished})
-    others = [f"q{n:02d}" for n in range(phase.backlog.other_queues)]
-    for queues, rows, delayed in (
-        ([QUEUE], phase.backlog.queue_due, False),
-        ([QUEUE], phase.backlog.queue_delayed, True),
-        (others, phase.backlog.other_due, False),
-        (others, phase.backlog.other_delayed, True),
-    ):
-        if rows:
-            db.exec(PENDING_SQL, {"queues": queues, "name": NAME, "rows": rows, "delayed": delayed})
+    fill_backlog(db, phase.backlog, [f"q{n:02d}" for n in range(phase.backlog.other_queues)])
     top_up(db, phase.pending)
     filled = time.perf_counter()
     db.exec("VACUUM ANALYZE jobs, job_queues")
@@ -656,9 +658,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s %(message)s")
-    load_at_start = load_average()
-    server = get_server()
+    server, load_at_start = begin()
     phases = [Phase("a", 0, args.pending, Backlog()), Phase("b", args.finished, args.pending, backlog_of(args))]
     with ExitStack() as stack:
         scratches = [stack.enter_context(scratch_database(server)) for _ in phases]
@@ -666,9 +666,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"PostgreSQL {server.version} ({server.source}), bench databases {names}", flush=True)
         found = measure(scratches, phases, args)
         result = report(scratches, phases, found, args, load_at_start)
-    print_table(result)
-    print(f"\nsaved {save(result, 'claim_flat').relative_to(ROOT)}")
-    return 0
+    return finish(result, "claim_flat", print_table)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -464,3 +464,23 @@ def percentile(values: list[float], p: float) -> float:
     low = int(rank)
     high = min(low + 1, len(ordered) - 1)
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def begin(quiet: bool = True) -> tuple[Server, float]:
+    """How every benchmark's main starts: the machine's load average before
+    anything runs (its record holds it), then the server, started if it is
+    the embedded one. quiet: the project's own logging at WARNING only."""
+    if quiet:
+        logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s %(message)s")
+    return get_server(), load_average()
+
+
+def finish(
+    result: dict[str, Any], name: str, print_table: Callable[[dict[str, Any]], None] | None = None, note: str = ""
+) -> int:
+    """How every benchmark's main ends: its table (unless it printed its own),
+    and where its record went."""
+    if print_table is not None:
+        print_table(result)
+    print(f"\n{note}saved {save(result, name).relative_to(ROOT)}")
+    return 0

@@ -53,14 +53,13 @@ from bench.common import (
     Server,
     ServerMeter,
     admin_connect,
+    begin,
     context_lines,
-    get_server,
-    load_average,
+    finish,
     machine_line,
     measure_commit_rate,
     percentile,
     run_record,
-    save,
     scratch_database,
 )
 
@@ -715,8 +714,7 @@ def commit_rate(server: Server, seconds: int) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     check_peers(args.sides)
-    load_at_start = load_average()
-    server = get_server()
+    server, load_at_start = begin(quiet=False)
     started = time.monotonic()
     print(f"pgbench: {args.pgbench_seconds} s of single-row commits ...", flush=True)
     rate = commit_rate(server, args.pgbench_seconds)
@@ -735,8 +733,7 @@ def main(argv: list[str] | None = None) -> int:
         "seconds": time.monotonic() - started,
     }
     print_table(result, rows)
-    print(f"\ntook {result['seconds'] / 60:.1f} min; saved {save(result, 'compare').relative_to(ROOT)}")
-    return 0
+    return finish(result, "compare", note=f"took {result['seconds'] / 60:.1f} min; ")
 
 
 if __name__ == "__main__":

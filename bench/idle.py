@@ -48,12 +48,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import (
     ROOT,
     Scratch,
+    begin,
     context_lines,
-    get_server,
-    load_average,
+    finish,
     machine_line,
     run_record,
-    save,
     scratch_database,
 )
 from lib.db import DB
@@ -364,15 +363,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    load_at_start = load_average()
-    server = get_server()
+    server, load_at_start = begin(quiet=False)
     with scratch_database(server) as scratch, tempfile.TemporaryDirectory(prefix="jobs-bench-idle-") as work:
         print(f"PostgreSQL {server.version} ({server.source}), bench database {scratch.name}", flush=True)
         window = measure(scratch, args, Path(work))
         result = report(scratch, window, args, load_at_start)
-    print_table(result)
-    print(f"\nsaved {save(result, 'idle').relative_to(ROOT)}")
-    return 0
+    return finish(result, "idle", print_table)
 
 
 if __name__ == "__main__":

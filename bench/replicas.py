@@ -42,14 +42,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.apps.compare_support import OURS_JOB_NAME
 from bench.common import (
-    ROOT,
     CommitRate,
     MachineCpu,
     Scratch,
     Server,
     ServerMeter,
+    begin,
     context_lines,
-    get_server,
+    finish,
     load_average,
     machine_cpu,
     machine_line,
@@ -58,7 +58,6 @@ from bench.common import (
     process_cpu_seconds,
     processes_cpu,
     run_record,
-    save,
     scratch_database,
     server_cpu_seconds,
 )
@@ -467,8 +466,7 @@ def commit_rate(server: Server, seconds: int) -> CommitRate:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    load_at_start = load_average()
-    server = get_server()
+    server, load_at_start = begin(quiet=False)
     started = time.monotonic()
     print(f"pgbench: {args.pgbench_seconds} s of single-row commits ...", flush=True)
     rate = commit_rate(server, args.pgbench_seconds)
@@ -497,9 +495,7 @@ def main(argv: list[str] | None = None) -> int:
         "phases": [asdict(p) for p in phases],
         "seconds": time.monotonic() - started,
     }
-    print_table(result)
-    print(f"\ntook {result['seconds'] / 60:.1f} min; saved {save(result, 'replicas').relative_to(ROOT)}")
-    return 0
+    return finish(result, "replicas", print_table, note=f"took {result['seconds'] / 60:.1f} min; ")
 
 
 if __name__ == "__main__":

@@ -42,13 +42,12 @@ from bench.common import (
     CommitRate,
     Server,
     ServerMeter,
+    begin,
     context_lines,
-    get_server,
-    load_average,
+    finish,
     machine_line,
     measure_commit_rate,
     run_record,
-    save,
     scratch_database,
 )
 from lib.db import DB
@@ -308,8 +307,7 @@ def setup_logging(log_jobs: bool) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     setup_logging(args.log_jobs)
-    load_at_start = load_average()
-    server = get_server()
+    server, load_at_start = begin(quiet=False)
     with scratch_database(server) as scratch:
         print(f"PostgreSQL {server.version} ({server.source}), bench database {scratch.name}", flush=True)
         print(f"pgbench: {args.pgbench_seconds} s of single-row commits ...", flush=True)
@@ -324,9 +322,7 @@ def main(argv: list[str] | None = None) -> int:
             phases.append(phase)
     options = {"jobs": jobs, "queues": args.queues, "log_jobs": args.log_jobs, "profile": args.profile}
     result = report(server, rate, phases, options, load_at_start)
-    print_table(result)
-    print(f"\nsaved {save(result, 'throughput').relative_to(ROOT)}")
-    return 0
+    return finish(result, "throughput", print_table)
 
 
 if __name__ == "__main__":

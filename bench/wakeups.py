@@ -44,13 +44,12 @@ sys.path.insert(0, str(ROOT))
 
 from bench.common import (
     Scratch,
+    begin,
     context_lines,
-    get_server,
-    load_average,
+    finish,
     machine_line,
     percentile,
     run_record,
-    save,
     scratch_database,
 )
 from lib.db import DB
@@ -350,16 +349,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s %(message)s")
-    load_at_start = load_average()
-    server = get_server()
+    server, load_at_start = begin()
     with scratch_database(server) as scratch:
         print(f"PostgreSQL {server.version} ({server.source}), bench database {scratch.name}", flush=True)
         single, bulk, wake_alls = measure(scratch, args)
         result = report(scratch, single, bulk, wake_alls, args, load_at_start)
-    print_table(result)
-    print(f"\nsaved {save(result, 'wakeups').relative_to(ROOT)}")
-    return 0
+    return finish(result, "wakeups", print_table)
 
 
 if __name__ == "__main__":
