@@ -13,6 +13,7 @@ from gevent.event import Event
 from tests_support import count_jobs, poll_until, wait_for
 
 import worker
+from lib.commit import array_literal
 from lib.db import DB
 from lib.insert import insert
 from lib.poller import Outcome, Poller
@@ -240,3 +241,21 @@ def test_an_outcome_the_driver_cannot_send_fails_alone(db):
     assert isinstance(asks[0].exception, ValueError)
     assert [a.value.written for a in asks[1:]] == [True, True]
     assert pollers[0].commit.batches >= 4  # the batch, then each ask alone
+
+
+def test_a_batch_column_reaches_the_server_as_it_was(db):
+    """The committer sends each column as one array literal: every value,
+    NULL and the text "NULL", quotes, backslashes, commas and braces among
+    them, arrives as itself; a NUL is still the driver's ValueError."""
+    texts = ['a"b', "c\\d", None, "", "x,y", "{}", "NULL", " padded ", "ünï\u2028"]
+    floats = [0.0, -1.5, float("inf"), None, 1e-300, 30.0]
+    ints = [1, None, 2**62, -7]
+    row = db.query_row(
+        "SELECT %(t)s::text[], %(f)s::float8[], %(i)s::bigint[], %(e)s::int[]",
+        {"t": array_literal(texts), "f": array_literal(floats), "i": array_literal(ints), "e": array_literal([])},
+    )
+    assert row == (texts, floats, ints, [])
+    with pytest.raises(ValueError):
+        db.query_row("SELECT %(t)s::text[]", {"t": array_literal(["a\x00b"])})
+    with pytest.raises(TypeError):
+        array_literal([True])
