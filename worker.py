@@ -18,7 +18,7 @@ from gevent.event import Event  # noqa: E402
 
 from lib import blocked, errors, httpd, logs, queue_state, stats, workers  # noqa: E402
 from lib.clock import Clock, Scheduled  # noqa: E402
-from lib.db import DB, behind_pooler, is_conn_failure  # noqa: E402
+from lib.db import DB, behind_pooler, is_conn_failure, is_database_error  # noqa: E402
 from lib.errors import Outage  # noqa: E402
 from lib.leases import Leases  # noqa: E402
 from lib.migrate import migrate  # noqa: E402
@@ -137,12 +137,20 @@ def _say_pooler(db: DB, settings: Settings) -> None:
     is fine; in transaction mode the first prepared statement fails."""
     if settings.pooled:
         return
-    with db.connection() as conn:
-        if behind_pooler(conn):
-            log.warning(
-                "DATABASE_URL goes through a connection pooler; if it is in transaction mode,"
-                " set JOBS_POOLER=transaction (and DATABASE_DIRECT_URL for wakeups)"
-            )
+    try:
+        with db.connection() as conn:
+            pooled = behind_pooler(conn)
+    except Exception as exc:
+        if not is_database_error(exc):
+            raise
+        # A hint, not a reason to stop: the next statement meets the same fault.
+        log.warning("could not tell whether DATABASE_URL goes through a connection pooler: %s", exc)
+        return
+    if pooled:
+        log.warning(
+            "DATABASE_URL goes through a connection pooler; if it is in transaction mode,"
+            " set JOBS_POOLER=transaction (and DATABASE_DIRECT_URL for wakeups)"
+        )
 
 
 def _operate(db: DB, args: "Namespace | SimpleNamespace", registry: Registry) -> int:
