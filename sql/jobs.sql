@@ -112,7 +112,7 @@ WHERE id IN (
 )
 
 -- name: job_redrive
--- Return chosen failed jobs to pending with one more attempt allowed, keeping last_error; of identical failed copies of a deduped job only the newest, and none while a copy is pending or started. One row per chosen job: skipped is NULL when it was redriven, else why not.
+-- Return chosen failed jobs to pending with one more attempt allowed, keeping last_error; of identical failed copies of a deduped job only the newest, and none while a copy holds its place in jobs_dedupe (pending or started). One row per chosen job: skipped is NULL when it was redriven, else why not.
 WITH chosen AS (
   SELECT j.id, j.queue, j.name, j.args, j.finished_at,
          -- As the insert trigger would decide now: the names may have changed since the row was written.
@@ -127,9 +127,12 @@ ranked AS (
   SELECT c.id, c.dedupe,
          first_value(c.id) OVER (PARTITION BY c.queue, c.name, md5(c.args::text)
                                  ORDER BY c.finished_at DESC NULLS LAST, c.id DESC) AS newest,
+         -- A live copy as jobs_dedupe sees it (its predicate: the index serves this look-up),
+         -- the one the redriven row would collide with. A second started copy left unmarked
+         -- by a declaration (migration 009) is not one: an insert does not meet it either.
          (SELECT min(o.id) FROM jobs o
           WHERE c.dedupe AND o.queue = c.queue AND o.name = c.name
-            AND md5(o.args::text) = md5(c.args::text) AND o.status IN ('pending', 'started')) AS live
+            AND md5(o.args::text) = md5(c.args::text) AND o.dedupe AND o.status IN ('pending', 'started')) AS live
   FROM chosen c
 ),
 redriven AS (
