@@ -1,5 +1,6 @@
 -- Named queries on the jobs table, loaded once by lib/sql.py. Each starts with a "-- name: X"
--- line and a one-line comment that says what it is for.
+-- line and a one-line comment that says what it is for; a "-- plan: custom" line under them
+-- has the pool send it with its values, planned for them on every run (lib/sql.py).
 
 -- name: job_insert
 -- Enqueue one job: jobs_insert (migration 015); NULL when a unique index (dedupe) suppressed it.
@@ -113,6 +114,7 @@ WHERE id IN (
 
 -- name: job_redrive
 -- Return chosen failed jobs to pending with one more attempt allowed, keeping last_error; of identical failed copies of a deduped job only the newest, and none while a copy holds its place in jobs_dedupe (pending or started). One row per chosen job: skipped is NULL when it was redriven, else why not.
+-- plan: custom
 WITH chosen AS (
   SELECT j.id, j.queue, j.name, j.args, j.finished_at,
          -- As the insert trigger would decide now: the names may have changed since the row was written.
