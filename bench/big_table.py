@@ -19,16 +19,16 @@ Two fresh databases of one server (DATABASE_URL, else the embedded one in
 On both, alternating run by run so the machine's load falls on both alike:
 the claim as bench/claim_flat.py times it (its code, not a copy); the /metrics
 scrape and the status command end to end, through lib/; and every query they
-and the operator's failed/redrive commands and the retention send, prepared as
-the pool sends them, each with EXPLAIN (ANALYZE, BUFFERS) saved and any
-sequential scan of jobs flagged. Writes are rolled back.
+and the operator's failed/redrive commands and the retention send, as the
+pool sends them (prepared, or with their values for a query sql/ marks
+"-- plan: custom"), on a connection opened as the pool opens one, each with
+EXPLAIN (ANALYZE, BUFFERS) saved and any sequential scan of jobs flagged.
+Writes are rolled back.
 
-Then, on (b) only: a few fixes tried by hand (a query rewritten, a setting, an
-index built inside a transaction), each rolled back; the retention itself
-(queues/maintenance's loop of job_delete_finished) until nothing is old enough
-or --retention-seconds pass, its rows a second against a busy day's writes,
-and the VACUUM that follows it; and last, --keyset-rows old rows written again
-and deleted by a keyset rewrite of that loop, against its first batches.
+Then, on (b) only: the retention itself (queues/maintenance's loop of
+job_delete_finished, each batch from where the last one stopped) until nothing
+is old enough or --retention-seconds pass, its rows a second against a busy
+day's writes, and the VACUUM that follows it.
 """
 
 # ruff: noqa: E402  (monkey-patching must come before every other import)
@@ -45,7 +45,7 @@ import sys
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -70,10 +70,10 @@ from bench.common import (
 from lib import commands, stats
 from lib.admin import FAILURES_SHOWN
 from lib.commit import Committer
-from lib.db import DB
+from lib.db import DB, connect_options
 from lib.metrics import QueueCollector
 from lib.settings import DEFAULT_RETENTION_DAYS as RETENTION_DAYS
-from lib.sql import Q, statement
+from lib.sql import STATEMENTS, Q, statement
 from queues.maintenance import BATCH as RETENTION_BATCH
 
 QUEUE = flat.QUEUE
@@ -220,8 +220,8 @@ def fill(table: Table, args: argparse.Namespace, queues: list[str], hours: float
 
 @dataclass(frozen=True)
 class Probe:
-    """A named query of sql/ (or a variant of one tried by hand), sent prepared
-    as the pool sends it, with the parameters a table gives it."""
+    """A named query of sql/, sent as the pool sends it, with the parameters a
+    table gives it."""
 
     key: str
     label: str
@@ -300,116 +300,53 @@ def probes(args: argparse.Namespace, queues: list[str]) -> list[Probe]:
             "retention_batch",
             f"job_delete_finished, one batch of {RETENTION_BATCH}",
             Q.job_delete_finished,
-            lambda t: {"days": RETENTION_DAYS, "batch": RETENTION_BATCH},
+            _retention_params(None),
             10,
             write=True,
         ),
     ]
 
 
-# The live-copy look-up of job_redrive, as it is and with the condition that
-# lets jobs_dedupe (its unique index) serve it: a copy that holds the index is
-# marked dedupe, and only such a copy can make the redriven row collide.
-LIVE_AS_IS = "AND o.status IN ('pending', 'started')"
-LIVE_ON_INDEX = "AND o.dedupe AND o.status IN ('pending', 'started')"
-# The failures of one queue (and name) in finished_at order, where jobs_failed
-# holds those of every queue: the operator's filters become the index's range.
-FAILED_BY_QUEUE = "CREATE INDEX jobs_failed_queue ON jobs (queue, name, finished_at) WHERE starts_with(status, 'err: ')"
-# A generic plan cannot turn "($1 IS NULL OR queue = $1)" into an index range;
-# the command line's one-shot statements are planned for their values anyway.
-CUSTOM_PLANS = "SET LOCAL plan_cache_mode = force_custom_plan"
-JIT_OFF = "SET LOCAL jit = off"
+def _retention_params(after: Any) -> Callable[[Table], dict[str, Any]]:
+    """One batch of job_delete_finished from after (None: from the start, as a
+    run's first batch)."""
+    return lambda t: {"days": RETENTION_DAYS, "batch": RETENTION_BATCH, "after": after}
 
 
-@dataclass(frozen=True)
-class Trial:
-    """A fix tried by hand on (b) (never in lib/ or sql/): an index or a
-    setting, in a transaction that is rolled back, or a query rewritten; the
-    probes named run again under it, planned afresh."""
-
-    key: str
-    what: str
-    setup: tuple[str, ...]  # CREATE INDEX, SET LOCAL: first, in the trial's transaction
-    probes: tuple[Probe, ...]
-
-
-def trials(all_probes: list[Probe]) -> list[Trial]:
-    by_key = {p.key: p for p in all_probes}
-    if Q.job_redrive.count(LIVE_AS_IS) != 1:
-        raise RuntimeError("job_redrive's live-copy look-up changed: update LIVE_AS_IS")
-    rewritten = Q.job_redrive.replace(LIVE_AS_IS, LIVE_ON_INDEX)
-    hand = {
-        p.key: Probe(f"{p.key}_hand", f"{p.label}, rewritten", rewritten, p.params, p.repeat, p.write, p.setup)
-        for p in (by_key["redrive_ids"], by_key["redrive_dedupe"], by_key["redrive_name"])
-    }
-    return [
-        Trial(
-            "live_on_dedupe_index",
-            f"job_redrive with `{LIVE_ON_INDEX}` in its live-copy look-up",
-            (),
-            (hand["redrive_ids"], hand["redrive_dedupe"]),
-        ),
-        Trial(
-            "jit_off",
-            JIT_OFF,
-            (JIT_OFF,),
-            tuple(by_key[k] for k in ("queue_stats", "failed_name", "failed_list_none", "redrive_ids", "redrive_name")),
-        ),
-        Trial(
-            "failed_by_queue_index",
-            f"{FAILED_BY_QUEUE}, with {CUSTOM_PLANS}",
-            (FAILED_BY_QUEUE, CUSTOM_PLANS),
-            # The last with the live-copy rewrite too: the index alone leaves its JIT.
-            (by_key["failed_name"], by_key["failed_list_none"], by_key["redrive_name"], hand["redrive_name"]),
-        ),
-    ]
-
-
-def prepared(table: Table, probe: Probe) -> psycopg2.extensions.cursor:
-    """The probe's statement prepared on the table's connection (once), as
-    lib.db prepares a named query: its plan cached by the server as the pool's is."""
+def sent(table: Table, probe: Probe, cur: psycopg2.extensions.cursor) -> str:
+    """The probe's statement as lib.db sends it: EXECUTE of the statement
+    prepared on the table's connection (once), its plan cached by the server
+    as the pool's is; or, for a query the pool never prepares, its text with
+    the values in, planned for them on every run."""
+    params = probe.params(table)
+    if probe.sql not in STATEMENTS:
+        return cur.mogrify(probe.sql, params).decode()
     stmt = statement(probe.key, probe.sql)
-    cur = table.conn.cursor()
     if stmt.name not in table.prepared:
         cur.execute(stmt.prepare)
         table.prepared.add(stmt.name)
-    return cur
-
-
-def _values(table: Table, probe: Probe) -> list[Any]:
-    stmt = statement(probe.key, probe.sql)
-    params = probe.params(table)
-    return [params[name] for name in stmt.params]
+    return cur.mogrify(stmt.execute, [params[name] for name in stmt.params]).decode()
 
 
 def run_once(table: Table, probe: Probe, explain: bool = False) -> tuple[float, str | None]:
     """One execution (or its EXPLAIN (ANALYZE, BUFFERS)): its milliseconds, and
-    the plan. A write runs in a transaction rolled back, under a savepoint when
-    a trial's transaction is open."""
-    stmt = statement(probe.key, probe.sql)
-    values = _values(table, probe)
+    the plan. A write runs in a transaction rolled back."""
     conn = table.conn
-    in_trial = not conn.autocommit
-    with prepared(table, probe) as cur:
+    with conn.cursor() as cur:
+        statement_text = sent(table, probe, cur)
         if probe.write or probe.setup:
-            if in_trial:
-                cur.execute("SAVEPOINT probe")
-            else:
-                conn.autocommit = False
+            conn.autocommit = False
         try:
             if probe.setup:
                 cur.execute(probe.setup)
             started = time.perf_counter()
-            cur.execute(("EXPLAIN (ANALYZE, BUFFERS) " if explain else "") + stmt.execute, values)
-            rows = cur.fetchall() if cur.description else []  # a DELETE returns none
+            cur.execute(("EXPLAIN (ANALYZE, BUFFERS) " if explain else "") + statement_text)
+            rows = cur.fetchall() if cur.description else []
             ms = 1000 * (time.perf_counter() - started)
         finally:
             if probe.write or probe.setup:
-                if in_trial:
-                    cur.execute("ROLLBACK TO SAVEPOINT probe")
-                else:
-                    conn.rollback()
-                    conn.autocommit = True
+                conn.rollback()
+                conn.autocommit = True
     return ms, "\n".join(r[0] for r in rows) if explain else None
 
 
@@ -445,42 +382,6 @@ def time_probes(tables: list[Table], all_probes: list[Probe]) -> None:
             plan = run_once(table, probe, explain=True)[1]
             assert plan is not None
             table.plans[probe.key] = plan_record(plan)
-
-
-def run_trial(table: Table, trial: Trial) -> dict[str, Any]:
-    """The trial's probes on one table, inside one transaction rolled back at
-    the end (so an index built for it never outlives it)."""
-    found: dict[str, Any] = {"what": trial.what, "probes": {}}
-    conn = table.conn
-    forget_plans(table)  # planned under the trial's index and settings, from the first run on
-    conn.autocommit = False
-    try:
-        with conn.cursor() as cur:
-            for sql in trial.setup:
-                started = time.perf_counter()
-                cur.execute(sql)
-                if sql.startswith("CREATE INDEX"):
-                    found["index_build_s"] = time.perf_counter() - started
-                    cur.execute("SELECT pg_relation_size(%s::regclass)", (sql.split()[2],))
-                    found["index_mb"] = cur.fetchone()[0] / (1024 * 1024)
-        for probe in trial.probes:
-            run_once(table, probe)
-            runs = [run_once(table, probe)[0] for _ in range(probe.repeat)]
-            plan = run_once(table, probe, explain=True)[1]
-            assert plan is not None
-            found["probes"][probe.key] = {"label": probe.label, "ms": _spread(runs), **plan_record(plan)}
-    finally:
-        conn.rollback()
-        conn.autocommit = True
-        # A rolled-back index leaves no trace, but the statements planned with it must plan again.
-        forget_plans(table)
-    return found
-
-
-def forget_plans(table: Table) -> None:
-    with table.conn.cursor() as cur:
-        cur.execute("DEALLOCATE ALL")
-    table.prepared.clear()
 
 
 # ---------------------------------------------------------------- end to end
@@ -530,45 +431,6 @@ def time_end_to_end(tables: list[Table], queues: list[str], repeat: int) -> dict
 
 # ---------------------------------------------------------------- retention
 
-# job_delete_finished rewritten by hand: each batch starts its scan of
-# jobs_finished at the finished_at where the last one stopped (keyset), so it
-# never steps over the index entries the earlier batches left dead (until a
-# VACUUM removes them); run on a generic plan (as jobs_step runs its
-# statements), so no batch is planned and the planner never probes the
-# index's dead end for its estimates either. ">=" re-reads the last instant's
-# entries, so rows that share it with the previous batch's newest are kept
-# for the next batch, never skipped.
-KEYSET_DELETE = """
-WITH gone AS (
-  DELETE FROM jobs
-  WHERE id IN (
-    SELECT id FROM jobs
-    WHERE status NOT IN ('pending', 'started')
-      AND finished_at < now() - make_interval(days => %(days)s)
-      AND finished_at >= %(after)s::timestamptz
-    ORDER BY finished_at
-    LIMIT %(batch)s
-  )
-  RETURNING finished_at
-)
-SELECT count(*)::int, max(finished_at) FROM gone
-"""
-
-
-@dataclass
-class Keyset:
-    """The rewrite above, on old rows written again once the real retention
-    and its VACUUM are done, against the real loop's first as many batches."""
-
-    rows: int  # old rows written again for it (the history's oldest)
-    fill_s: float = 0.0  # writing them, and VACUUM ANALYZE
-    deleted: int = 0
-    batch_ms: list[float] = field(default_factory=list)
-    rows_per_s: float = 0.0  # over the batches' own time
-    as_is_rows_per_s: float = 0.0  # the real loop's first as many batches, the same way
-    rows_per_s_by_tenth: list[float] = field(default_factory=list)
-    plan: dict[str, Any] = field(default_factory=dict)  # one more batch, where the last one stopped
-
 
 @dataclass
 class Retention:
@@ -583,7 +445,9 @@ class Retention:
     # rows/s over each tenth of the batches: whether it slows as it goes
     rows_per_s_by_tenth: list[float] = field(default_factory=list)
     vacuum_s: float = 0.0
-    plans: dict[str, dict[str, Any]] = field(default_factory=dict)  # before, after the loop, after VACUUM
+    # one batch: before the loop; after it, from where it stopped and from the
+    # start (the next run's first batch); after VACUUM
+    plans: dict[str, dict[str, Any]] = field(default_factory=dict)
     sizes_after: dict[str, float] = field(default_factory=dict)
     table_mb_after: float = 0.0
     peak_jobs_per_s: float = 0.0
@@ -591,7 +455,6 @@ class Retention:
     busy_day_delete_h: float = 0.0
     history_day_rows: float = 0.0
     history_day_delete_s: float = 0.0
-    keyset: Keyset | None = None
 
 
 def by_tenth(batch_ms: list[float], batch: int) -> list[float]:
@@ -602,8 +465,9 @@ def by_tenth(batch_ms: list[float], batch: int) -> list[float]:
 
 def retention(table: Table, args: argparse.Namespace, batch_probe: Probe) -> Retention:
     """queues/maintenance's clean_up_jobs loop (its query, its batch, each batch
-    its own transaction through the pool), timed batch by batch, until a batch
-    comes back short or the time is up; then VACUUM, as autovacuum would."""
+    its own transaction through the pool, from the newest finished_at the last
+    one deleted), timed batch by batch, until a batch comes back short or the
+    time is up; then VACUUM, as autovacuum would."""
     db = table.side.db
     r = Retention(RETENTION_DAYS, RETENTION_BATCH, peak_jobs_per_s=args.peak_jobs_per_s)
     r.old_rows = db.query_row(
@@ -613,12 +477,14 @@ def retention(table: Table, args: argparse.Namespace, batch_probe: Probe) -> Ret
     )[0]
     r.plans["before"] = plan_record(run_once(table, batch_probe, explain=True)[1] or "")
     print(f"  deleting {r.old_rows:,} rows older than {RETENTION_DAYS} days, batch {RETENTION_BATCH} ...", flush=True)
-    params = {"days": RETENTION_DAYS, "batch": RETENTION_BATCH}
+    params: dict[str, Any] = {"days": RETENTION_DAYS, "batch": RETENTION_BATCH, "after": None}
+    stopped_at = None
     started = time.perf_counter()
     while True:
         t = time.perf_counter()
-        n = db.exec(Q.job_delete_finished, params)
+        n, params["after"] = db.query_row(Q.job_delete_finished, params)
         r.batch_ms.append(1000 * (time.perf_counter() - t))
+        stopped_at = params["after"] or stopped_at
         r.deleted += n
         if n < RETENTION_BATCH:
             r.finished = True
@@ -628,7 +494,9 @@ def retention(table: Table, args: argparse.Namespace, batch_probe: Probe) -> Ret
     r.seconds = time.perf_counter() - started
     r.rows_per_s = r.deleted / r.seconds if r.seconds else 0.0
     r.rows_per_s_by_tenth = by_tenth(r.batch_ms, RETENTION_BATCH)
-    r.plans["after the loop"] = plan_record(run_once(table, batch_probe, explain=True)[1] or "")
+    where = replace(batch_probe, key="retention_where_stopped", params=_retention_params(stopped_at))
+    r.plans["after the loop, from where it stopped"] = plan_record(run_once(table, where, explain=True)[1] or "")
+    r.plans["after the loop, from the start"] = plan_record(run_once(table, batch_probe, explain=True)[1] or "")
     print(f"  deleted {r.deleted:,} in {r.seconds:.1f} s; VACUUM jobs ...", flush=True)
     started = time.perf_counter()
     db.exec("VACUUM jobs")
@@ -644,52 +512,6 @@ def retention(table: Table, args: argparse.Namespace, batch_probe: Probe) -> Ret
     return r
 
 
-def keyset_trial(table: Table, args: argparse.Namespace, queues: list[str], r: Retention) -> Keyset:
-    """The history's oldest rows written again (older than the retention), then
-    deleted by KEYSET_DELETE batch by batch, each its own transaction."""
-    db, conn = table.side.db, table.conn
-    k = Keyset(min(args.keyset_rows, r.deleted))
-    print(f"  writing {k.rows:,} old rows again for the keyset rewrite ...", flush=True)
-    started = time.perf_counter()
-    span = args.days * 86400.0
-    for first in range(1, k.rows + 1, args.chunk):
-        last = min(first + args.chunk - 1, k.rows)
-        db.exec(HISTORY_SQL, {"low": first, "high": last, "rows": args.finished, "span": span, "queues": queues})
-    db.exec("VACUUM ANALYZE jobs")
-    k.fill_s = time.perf_counter() - started
-    after: Any = "-infinity"  # the newest finished_at deleted so far
-    probe = Probe(
-        "retention_keyset",
-        "keyset delete",
-        KEYSET_DELETE,
-        lambda t: {"days": RETENTION_DAYS, "after": after, "batch": RETENTION_BATCH},
-        1,
-        write=True,
-    )
-    stmt = statement(probe.key, probe.sql)
-    with conn.cursor() as cur:
-        cur.execute("SET plan_cache_mode = force_generic_plan")
-        cur.execute(stmt.prepare)
-        table.prepared.add(stmt.name)
-        while True:
-            t = time.perf_counter()
-            cur.execute(stmt.execute, _values(table, probe))
-            n, newest = cur.fetchone()
-            k.batch_ms.append(1000 * (time.perf_counter() - t))
-            k.deleted += n
-            if n < RETENTION_BATCH:
-                break
-            after = newest
-        k.plan = plan_record(run_once(table, probe, explain=True)[1] or "")
-        cur.execute("RESET plan_cache_mode")
-    forget_plans(table)
-    k.rows_per_s = k.deleted / (sum(k.batch_ms) / 1000)
-    k.rows_per_s_by_tenth = by_tenth(k.batch_ms, RETENTION_BATCH)
-    first = r.batch_ms[: len(k.batch_ms)]
-    k.as_is_rows_per_s = RETENTION_BATCH * len(first) / (sum(first) / 1000)
-    return k
-
-
 # ---------------------------------------------------------------- the run
 
 
@@ -701,7 +523,8 @@ def measure(scratches: list[Scratch], args: argparse.Namespace) -> dict[str, Any
         for label, scratch, hours in zip(("a", "b"), scratches, (args.baseline_hours, None), strict=True):
             db = DB.connect(scratch.url, size=1, application_name="jobs-bench")
             phase = flat.Phase(label, 0, args.pending, backlog)
-            conn = psycopg2.connect(scratch.url, application_name="jobs-bench")
+            # Opened as the pool opens its connections (no JIT, say).
+            conn = psycopg2.connect(scratch.url, **connect_options("jobs-bench", scratch.url))
             conn.autocommit = True
             table = Table(label, scratch, flat.Side(phase, db, Committer(db)), conn)
             tables.append(table)
@@ -727,16 +550,9 @@ def measure(scratches: list[Scratch], args: argparse.Namespace) -> dict[str, Any
         left = tables[1].side.db.query_row("SELECT count(*) FROM jobs WHERE status = 'started'")[0]
         if left:
             raise RuntimeError(f"{left} rows were left started: a measurement was not rolled back")
-        print("fixes tried by hand on (b), rolled back ...", flush=True)
-        tried = {}
-        for trial in trials(all_probes):
-            print(f"  {trial.what} ...", flush=True)
-            tried[trial.key] = run_trial(tables[1], trial)
         print("retention on (b) ...", flush=True)
         batch_probe = next(p for p in all_probes if p.key == "retention_batch")
         kept = retention(tables[1], args, batch_probe)
-        if args.keyset_rows:
-            kept.keyset = keyset_trial(tables[1], args, queues, kept)
     finally:
         for table in tables:
             table.side.db.close()
@@ -748,7 +564,6 @@ def measure(scratches: list[Scratch], args: argparse.Namespace) -> dict[str, Any
         "auto_explain_missing": missing,
         "end_to_end": end_to_end,
         "probes": all_probes,
-        "trials": tried,
         "retention": kept,
     }
 
@@ -834,7 +649,6 @@ def report(found: dict[str, Any], args: argparse.Namespace, load: float) -> dict
             "claims": args.claims,
             "repeat": args.repeat,
             "retention_seconds": args.retention_seconds,
-            "keyset_rows": args.keyset_rows,
             "retention_days": RETENTION_DAYS,
             "retention_batch": RETENTION_BATCH,
             "peak_jobs_per_s": args.peak_jobs_per_s,
@@ -850,7 +664,6 @@ def report(found: dict[str, Any], args: argparse.Namespace, load: float) -> dict
         "nested": found["nested"],
         "auto_explain_missing": found["auto_explain_missing"],
         "end_to_end": {k: asdict(v) for k, v in e2e.items()},
-        "trials": found["trials"],
         "retention": asdict(kept),
     }
 
@@ -896,7 +709,7 @@ def print_table(result: dict[str, Any]) -> None:
     )
     print(
         f"ms; client times alternate between (a) and (b); claims as claim_flat.py ({o['claims']} each),"
-        f" queries prepared, {o['repeat']} runs (redrive 5, dedupe 3, retention 10), writes rolled back"
+        f" queries as the pool sends them, {o['repeat']} runs (redrive 5, dedupe 3, retention 10), writes rolled back"
     )
     print(f"{'':<46}{'(a) p50':>10}{'(a) p99':>10}{'(b) p50':>10}{'(b) p99':>10}{'(b)/(a)':>9}  plan at (b)")
     for r in result["rows"]:
@@ -911,7 +724,6 @@ def print_table(result: dict[str, Any]) -> None:
     print_retention(result)
     print_build(result)
     print_flags(result)
-    print_trials(result)
 
 
 def print_retention(result: dict[str, Any]) -> None:
@@ -938,17 +750,6 @@ def print_retention(result: dict[str, Any]) -> None:
         f" {r['busy_day_rows'] / 1e6:,.0f}M rows: {r['busy_day_delete_h']:.1f} h of deleting at this rate"
     )
     print(f"  this history's day ({r['history_day_rows']:,.0f} rows) takes {r['history_day_delete_s']:.0f} s")
-    k = r["keyset"]
-    if k:
-        print(
-            f"  tried by hand, {k['rows']:,} old rows written again: a keyset delete (each batch from the last"
-            f" one's finished_at, generic plan) {k['rows_per_s']:,.0f} rows/s against {k['as_is_rows_per_s']:,.0f}"
-            f" for the real loop's first {len(k['batch_ms']):,} batches (batches' own time);"
-            f" first batch {k['batch_ms'][0]:.1f} ms, last {k['batch_ms'][-1]:.1f}"
-        )
-        print("    rows/s by tenth of the batches: " + ", ".join(f"{v:,.0f}" for v in k["rows_per_s_by_tenth"]))
-        p = k["plan"]
-        print(f"    one more batch where it stopped: {p['execution_ms']:.1f} ms, {p['buffers']} buffers")
 
 
 def print_build(result: dict[str, Any]) -> None:
@@ -982,28 +783,15 @@ def print_flags(result: dict[str, Any]) -> None:
             print(f"  ({label}) the claim's nested statements (auto_explain): {', '.join(seq) if seq else 'none'}")
 
 
-def print_trials(result: dict[str, Any]) -> None:
-    print("\nfixes tried by hand on (b), each rolled back (lib/ and sql/ unchanged):")
-    rows = {r["key"]: r for r in result["rows"]}
-    for trial in result["trials"].values():
-        built = f" (built in {trial['index_build_s']:.1f} s, {trial['index_mb']:.1f} MB)" if "index_mb" in trial else ""
-        print(f"  {trial['what']}{built}")
-        for key, p in trial["probes"].items():
-            before = rows[key.removesuffix("_hand")]["b"]
-            print(
-                f"    {p['label'][:56]:<58}p50 {p['ms']['p50']:>10.3f} ms (as is {before['p50']:.3f}),"
-                f" {p['buffers']} buffers{', ' + _seq_note(p) if p['seq_scans_of_jobs'] else ''}"
-                f"{', JIT ' + format(p['jit_ms'], '.0f') + ' ms' if p['jit_ms'] else ''}"
-            )
-
-
 def print_plans(result: dict[str, Any]) -> None:
-    print("\nEXPLAIN (ANALYZE, BUFFERS) at (b), as prepared and run by the pool (writes rolled back):")
+    print("\nEXPLAIN (ANALYZE, BUFFERS) at (b), as the pool sends them (writes rolled back):")
     for key, p in result["plans"]["b"].items():
         print(f"\n-- {key}")
         print(p["plan"])
-    print("\n-- retention, one batch after the loop (before VACUUM)")
-    print(result["retention"]["plans"]["after the loop"]["plan"])
+    for when, p in result["retention"]["plans"].items():
+        if when.startswith("after the loop"):
+            print(f"\n-- retention, one batch {when} (before VACUUM)")
+            print(p["plan"])
 
 
 # ---------------------------------------------------------------- main
@@ -1034,12 +822,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=float,
         default=600,
         help="stop the retention's loop after this long (default %(default)s)",
-    )
-    add(
-        "--keyset-rows",
-        type=int,
-        default=2_000_000,
-        help="old rows written again to try the keyset retention on (0: none; default %(default)s)",
     )
     add(
         "--peak-jobs-per-s",

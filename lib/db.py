@@ -122,8 +122,9 @@ def _thread_aware(green: Any, hub_thread: int, monkey: Any) -> Any:
     return wait
 
 
-def connect_options(application_name: str, dsn: str) -> dict[str, Any]:
-    """What every connection of the worker is opened with."""
+def connect_options(application_name: str, dsn: str, pooled: bool = False) -> dict[str, Any]:
+    """What every connection of the worker is opened with; pooled: dsn is a
+    pooler in transaction mode (DB's pooled)."""
     options: dict[str, Any] = {
         "connect_timeout": 5,
         "application_name": application_name,
@@ -139,6 +140,17 @@ def connect_options(application_name: str, dsn: str) -> dict[str, Any]:
         # Kerberos libraries into every worker (0.8 MB resident, seen on an
         # idle worker) and costs each new connection a round trip.
         options["gssencmode"] = "disable"
+    if not pooled:
+        # No JIT: Postgres compiles a statement whose estimated cost passes
+        # jit_above_cost, and estimates grow with the finished rows kept, not
+        # with the rows read: at 10M rows the status query took 84 ms, 27 ms
+        # without JIT (docs/scale.md). Ahead of the DSN's own options (or
+        # PGOPTIONS, which an options parameter replaces), so a -c jit there
+        # still wins. Not through a pooler: it does not pass options on, and
+        # PgBouncer refuses a connection that sends one it is not told to
+        # ignore; the README says to ALTER ROLE ... SET jit = off there.
+        given = psycopg2.extensions.parse_dsn(dsn).get("options", os.environ.get("PGOPTIONS", ""))
+        options["options"] = f"-c jit=off {given}".strip()
     return options
 
 
@@ -270,7 +282,7 @@ class DB(_Runner):
         # names no server process, so settle() cannot end one.
         self.pooled = pooled
         self.prepare = not pooled
-        self._connect_kwargs = {**connect_options(application_name, dsn), "connect_timeout": connect_timeout}
+        self._connect_kwargs = {**connect_options(application_name, dsn, pooled), "connect_timeout": connect_timeout}
         # Most recently used on the right: it is handed out next, and the
         # connections on the left are the ones that have been idle longest.
         self._idle: deque[_Pooled] = deque()

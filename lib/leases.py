@@ -208,7 +208,7 @@ class Leases:
             try:
                 # Connected the first time a job is held: an idle worker holds no connection for it.
                 if self.held and (conn is None or conn.closed):
-                    conn = psycopg2.connect(self.db.dsn, **connect_options("jobs-leases", self.db.dsn))
+                    conn = psycopg2.connect(self.db.dsn, **connect_options("jobs-leases", self.db.dsn, self.db.pooled))
                     conn.autocommit = True
                 if conn is not None:
                     self.heartbeat(_Conn(conn))

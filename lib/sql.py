@@ -15,17 +15,32 @@ SQL_DIR = ROOT / "sql"
 MIGRATIONS_DIR = SQL_DIR / "migrations"
 
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+# A "-- plan: custom" line in a query's comment: the pool never prepares it,
+# so every run is planned for its values. A filter written
+# "(%(x)s IS NULL OR col = %(x)s)" becomes an index range only then: the
+# generic plan a prepared statement may switch to from its sixth run is made
+# without the values, and reads every row the rest of the query allows.
+_PLAN = re.compile(r"^-- plan: (.*?)\s*$", re.MULTILINE)
 
 
-def parse(text: str) -> dict[str, str]:
-    """Split a file of "-- name: X" sections into {X: sql}."""
+@dataclass(frozen=True)
+class Named:
+    sql: str
+    custom_plan: bool  # "-- plan: custom": sent with its values, never prepared
+
+
+def parse(text: str) -> dict[str, Named]:
+    """Split a file of "-- name: X" sections into {X: its query}."""
     parts = _NAME.split(text)
-    queries: dict[str, str] = {}
+    queries: dict[str, Named] = {}
     for name, body in zip(parts[1::2], parts[2::2], strict=True):
         if name in queries:
             raise ValueError(f"query {name!r} is defined twice")
+        plans = _PLAN.findall(body)
+        if any(plan != "custom" for plan in plans):
+            raise ValueError(f'query {name!r}: a plan line says "-- plan: custom" or nothing, not {plans}')
         sql = "\n".join(line for line in body.splitlines() if not line.startswith("--"))
-        queries[name] = sql.strip()
+        queries[name] = Named(sql.strip(), custom_plan=bool(plans))
     return queries
 
 
@@ -40,14 +55,14 @@ class _Queries:
         return set(self.__dict__)
 
 
-def load(folder: Path = SQL_DIR) -> dict[str, str]:
+def load(folder: Path = SQL_DIR) -> dict[str, Named]:
     """Every named query of every sql/*.sql file; a name defined twice is an error."""
-    queries: dict[str, str] = {}
+    queries: dict[str, Named] = {}
     for path in sorted(folder.glob("*.sql")):
-        for name, sql in parse(path.read_text()).items():
+        for name, query in parse(path.read_text()).items():
             if name in queries:
                 raise ValueError(f"query {name!r} is defined twice ({path.name})")
-            queries[name] = sql
+            queries[name] = query
     return queries
 
 
@@ -73,6 +88,7 @@ def statement(name: str, sql: str) -> Statement:
 
 
 _QUERIES = load()
-Q = _Queries(_QUERIES)
-# By text, so the pool recognises a named query it is handed without a second API.
-STATEMENTS = {sql: statement(name, sql) for name, sql in _QUERIES.items()}
+Q = _Queries({name: query.sql for name, query in _QUERIES.items()})
+# The named queries the pool runs prepared, by text, so it recognises one it
+# is handed without a second API; a custom-plan query is not among them.
+STATEMENTS = {q.sql: statement(name, q.sql) for name, q in _QUERIES.items() if not q.custom_plan}

@@ -1,5 +1,6 @@
 -- Named queries on the jobs table, loaded once by lib/sql.py. Each starts with a "-- name: X"
--- line and a one-line comment that says what it is for.
+-- line and a one-line comment that says what it is for; a "-- plan: custom" line under them
+-- has the pool send it with its values, planned for them on every run (lib/sql.py).
 
 -- name: job_insert
 -- Enqueue one job: jobs_insert (migration 015); NULL when a unique index (dedupe) suppressed it.
@@ -102,17 +103,32 @@ SELECT version FROM schema_migrations ORDER BY version
 INSERT INTO schema_migrations (version, name) VALUES (%(version)s, %(name)s)
 
 -- name: job_delete_finished
--- Delete one batch of finished rows older than the retention age; small batches hold no long lock, and pending or started rows are never touched.
-DELETE FROM jobs
-WHERE id IN (
-  SELECT id FROM jobs
-  WHERE status NOT IN ('pending', 'started')
-    AND finished_at < now() - make_interval(days => %(days)s)
-  LIMIT %(batch)s
+-- Delete one batch of finished rows older than the retention age, oldest first from finished_at >= after (the last batch's newest; NULL: from the start); the rows deleted and the newest finished_at among them. Small batches hold no long lock, and pending or started rows are never touched.
+WITH gone AS (
+  DELETE FROM jobs
+  -- An array, not a join of jobs with itself: planning a join on id reads the
+  -- low end of jobs_pkey for its estimates, over every entry the earlier
+  -- batches left dead until a VACUUM (the oldest rows have the lowest ids).
+  WHERE id = ANY(ARRAY(
+    -- From where the last batch stopped: a scan of jobs_finished from its low
+    -- end steps over those dead entries too. ">=": rows that finished in the
+    -- same instant as the last batch's newest are taken by this one.
+    SELECT id FROM jobs
+    WHERE status NOT IN ('pending', 'started')
+      AND finished_at < now() - make_interval(days => %(days)s)
+      AND finished_at >= coalesce(%(after)s::timestamptz, '-infinity')
+    ORDER BY finished_at
+    LIMIT %(batch)s
+  ))
+    -- Rechecked on the row as locked: a redrive may have made it pending meanwhile.
+    AND status NOT IN ('pending', 'started')
+  RETURNING finished_at
 )
+SELECT count(*)::int, max(finished_at) FROM gone
 
 -- name: job_redrive
--- Return chosen failed jobs to pending with one more attempt allowed, keeping last_error; of identical failed copies of a deduped job only the newest, and none while a copy is pending or started. One row per chosen job: skipped is NULL when it was redriven, else why not.
+-- Return chosen failed jobs to pending with one more attempt allowed, keeping last_error; of identical failed copies of a deduped job only the newest, and none while a copy holds its place in jobs_dedupe (pending or started). One row per chosen job: skipped is NULL when it was redriven, else why not.
+-- plan: custom
 WITH chosen AS (
   SELECT j.id, j.queue, j.name, j.args, j.finished_at,
          -- As the insert trigger would decide now: the names may have changed since the row was written.
@@ -127,9 +143,12 @@ ranked AS (
   SELECT c.id, c.dedupe,
          first_value(c.id) OVER (PARTITION BY c.queue, c.name, md5(c.args::text)
                                  ORDER BY c.finished_at DESC NULLS LAST, c.id DESC) AS newest,
+         -- A live copy as jobs_dedupe sees it (its predicate: the index serves this look-up),
+         -- the one the redriven row would collide with. A second started copy left unmarked
+         -- by a declaration (migration 009) is not one: an insert does not meet it either.
          (SELECT min(o.id) FROM jobs o
           WHERE c.dedupe AND o.queue = c.queue AND o.name = c.name
-            AND md5(o.args::text) = md5(c.args::text) AND o.status IN ('pending', 'started')) AS live
+            AND md5(o.args::text) = md5(c.args::text) AND o.dedupe AND o.status IN ('pending', 'started')) AS live
   FROM chosen c
 ),
 redriven AS (

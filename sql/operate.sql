@@ -1,7 +1,8 @@
 -- Named queries of the operator's commands (lib/commands.py) on the jobs table.
 
 -- name: job_failed
--- Failed (err:) rows newest first, by optional ids, queue, name and age in seconds, at most limit (NULL: all); read backwards through jobs_finished, so a limit stops early.
+-- Failed (err:) rows newest first, by optional ids, queue, name and age in seconds, at most limit (NULL: all); read backwards through jobs_failed (jobs_failed_queue for a queue), so a limit stops early.
+-- plan: custom
 SELECT id, queue, name, attempts, finished_at, callsite, status
 FROM jobs
 WHERE status NOT IN ('pending', 'started') AND starts_with(status, 'err: ')

@@ -1,13 +1,13 @@
 import contextlib
 import socket
-from urllib.parse import parse_qs, urlsplit, urlunsplit
+from urllib.parse import parse_qs, quote, urlsplit, urlunsplit
 
 import gevent
 import psycopg2
 import pytest
 from gevent.server import StreamServer
 
-from lib.db import DB, PoolTimeout, is_conn_failure
+from lib.db import DB, PoolTimeout, connect_options, is_conn_failure
 
 
 def _wait_for(predicate, timeout: float = 10.0) -> None:
@@ -210,3 +210,27 @@ def test_connections_skip_gss_encryption_unless_asked(database_url, monkeypatch)
     finally:
         pool.close()
         asked.close()
+
+
+def test_connections_run_without_jit_keeping_the_options_given(database_url, monkeypatch):
+    """Postgres compiles a statement whose estimated cost passes jit_above_cost,
+    and the estimates grow with the finished rows kept: the worker's sessions
+    run without JIT. Options of the URL (or PGOPTIONS) still hold, a jit
+    they name included. Through a pooler nothing is sent: PgBouncer refuses
+    an options parameter it is not told to ignore."""
+    monkeypatch.delenv("PGOPTIONS", raising=False)
+    sep = "&" if "?" in database_url else "?"
+    urls = [database_url, *(f"{database_url}{sep}options={quote(o)}" for o in ("-c lock_timeout=4321", "-c jit=on"))]
+    show = "SELECT current_setting('jit'), current_setting('lock_timeout')"
+    pools = [DB(url, size=1) for url in urls]
+    try:
+        got = [pool.query_row(show) for pool in pools]
+        monkeypatch.setenv("PGOPTIONS", "-c lock_timeout=1234")
+        pools.append(DB(database_url, size=1))
+        got.append(pools[-1].query_row(show))
+    finally:
+        for pool in pools:
+            pool.close()
+    assert [row[0] for row in got] == ["off", "off", "on", "off"]
+    assert (got[1][1], got[3][1]) == ("4321ms", "1234ms")
+    assert "options" not in connect_options("jobs", database_url, pooled=True)

@@ -1,3 +1,5 @@
+import re
+
 import gevent
 import psycopg2
 import pytest
@@ -8,6 +10,7 @@ from lib.insert import insert
 from lib.poller import Poller
 from lib.redrive import redrive
 from lib.retry import CAP_SECONDS, Backoff, backoff
+from lib.sql import Q
 
 
 def test_backoff_grows_then_caps_with_jitter_in_the_upper_half():
@@ -118,3 +121,56 @@ def test_redrive_that_meets_a_copy_inserted_meanwhile_skips_instead_of_failing(d
     assert done.redriven == []
     assert done.skipped == {failed: f"job {copy}, a copy of it, is already pending or started"}
     assert waited  # on the uncommitted copy, which the first try could not see
+
+
+def test_a_live_copy_is_one_the_dedupe_index_holds(db, database_url):
+    """A failure is held back for a live copy that jobs_dedupe holds: every
+    copy written since its name was declared. A second copy that was started
+    before the declaration runs on unmarked (migration 009); an insert of the
+    job is accepted beside it, and so is the redrive."""
+    [failed] = failed_copies(db, 1, {"k": 1})
+    db.exec("DELETE FROM job_dedupe_names")  # declared below, over copies written before
+    first, second = (insert(db, "d", "d.Once", {"k": 1}) for _ in range(2))
+    db.exec("UPDATE jobs SET status = 'started', attempts = 1 WHERE id IN (%s, %s)", (first, second))
+    db.query_row(Q.dedupe_declare, {"queue": "d", "names": ["d.Once"]})
+    assert db.query("SELECT id, dedupe FROM jobs WHERE status = 'started' ORDER BY id") == [
+        (first, True),
+        (second, False),
+    ]
+    assert redrive(db, ids=[failed]).skipped == {failed: f"job {first}, a copy of it, is already pending or started"}
+
+    db.exec("UPDATE jobs SET status = 'ok', finished_at = now() WHERE id = %s", (first,))
+    app = psycopg2.connect(database_url)
+    try:
+        with app.cursor() as cur:
+            assert insert(cur, "d", "d.Once", {"k": 1}) is not None
+    finally:
+        app.rollback()
+        app.close()
+    assert redrive(db, ids=[failed]).redriven == [failed]
+    assert db.query_row("SELECT status, dedupe FROM jobs WHERE id = %s", (failed,)) == ("pending", True)
+    assert insert(db, "d", "d.Once", {"k": 1}) is None  # the redriven copy holds the name now
+
+
+def test_the_live_copy_look_up_reads_the_dedupe_index_not_the_table(db):
+    """Each failure of a deduped name looks for a live copy of itself: through
+    jobs_dedupe, never by reading jobs whole (at 10M rows that scan took a
+    second per failure). The redrive as the pool sends it, explained and
+    rolled back, next to 20,000 finished rows."""
+    failed = failed_copies(db, 1, {"k": 1}) + failed_copies(db, 1, {"k": 2})
+    db.exec(
+        "INSERT INTO jobs (queue, name, args, status, finished_at, dedupe) "
+        "SELECT 'd', 'd.Once', jsonb_build_object('n', i), 'ok', now(), true FROM generate_series(1, 20000) AS i"
+    )
+    db.exec("ANALYZE jobs")
+    with db.connection() as conn, conn.cursor() as cur:
+        conn.autocommit = False
+        try:
+            sent = cur.mogrify(Q.job_redrive, {"ids": failed, "queue": None, "name": None}).decode()
+            cur.execute("EXPLAIN (ANALYZE, BUFFERS) " + sent)
+            plan = "\n".join(row[0] for row in cur.fetchall())
+        finally:
+            conn.rollback()
+            conn.autocommit = True
+    assert "jobs_dedupe" in plan, plan
+    assert not re.search(r"Seq Scan on jobs\b", plan), plan

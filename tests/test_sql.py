@@ -2,7 +2,7 @@ import psycopg2
 import pytest
 
 from lib.db import DB
-from lib.sql import STATEMENTS, Q, parse, statement
+from lib.sql import STATEMENTS, Named, Q, parse, statement
 
 
 def test_every_named_query_prepares(database_url):
@@ -38,6 +38,33 @@ def test_statement_positional_form():
 def test_a_name_defined_twice_is_an_error():
     with pytest.raises(ValueError, match="twice"):
         parse("-- name: a\nSELECT 1\n-- name: a\nSELECT 2\n")
+
+
+def test_a_plan_line_marks_a_query_planned_for_its_values():
+    got = parse("-- name: a\n-- What a is.\n-- plan: custom\nSELECT 1\n-- name: b\n-- What b is.\nSELECT 2\n")
+    assert got == {"a": Named("SELECT 1", custom_plan=True), "b": Named("SELECT 2", custom_plan=False)}
+    with pytest.raises(ValueError, match="plan"):
+        parse("-- name: a\n-- plan: generic\nSELECT 1\n")
+
+
+def test_queries_filtered_by_optional_values_are_never_prepared(database_url):
+    """Their "%(x)s IS NULL OR col = %(x)s" filters become index ranges only
+    in a plan made for the values: the pool sends them as text, however often
+    one connection runs them (a prepared statement may go generic from its
+    sixth run)."""
+    pool = DB.connect(database_url, size=1)
+    failed = {"ids": None, "queue": "q", "name": "q.N", "since": None, "limit": 10}
+    try:
+        for _ in range(7):
+            pool.query(Q.job_failed, failed)
+            pool.query(Q.job_failed_list, {"queue": "q", "name": "q.N", "limit": 10})
+            pool.query(Q.job_redrive, {"ids": None, "queue": "q", "name": "q.N"})
+            pool.query(Q.job_get, {"id": 0})
+        prepared = {name for (name,) in pool.query("SELECT name FROM pg_prepared_statements")}
+    finally:
+        pool.close()
+    assert "job_get" in prepared
+    assert not prepared & {"job_failed", "job_failed_list", "job_redrive"}, prepared
 
 
 class _Rollback(Exception):

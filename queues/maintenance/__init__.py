@@ -23,7 +23,14 @@ BATCH = 1000
 def clean_up_jobs(db: DB, days: int = DEFAULT_RETENTION_DAYS, batch: int = BATCH) -> str:
     if days < 1:
         raise ValueError(f"retention must be at least a day, got {days}")
-    deleted = db.exec_in_batches(Q.job_delete_finished, {"days": days, "batch": batch})
+    # Batch by batch, each a short transaction of its own, each starting at
+    # the newest finished_at the last one deleted (sql/jobs.sql says why).
+    deleted, after = 0, None
+    while True:
+        n, after = db.query_row(Q.job_delete_finished, {"days": days, "batch": batch, "after": after})
+        deleted += n
+        if n < batch:
+            break
     log.info("deleted %d finished jobs older than %d days", deleted, days)
     return status.ok(f"deleted {deleted}") if deleted else status.skip("nothing old enough")
 
