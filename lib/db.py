@@ -122,6 +122,13 @@ def _thread_aware(green: Any, hub_thread: int, monkey: Any) -> Any:
     return wait
 
 
+def _libpq_env(name: str) -> str | None:
+    """A variable of libpq's own (PGGSSENCMODE, PGOPTIONS), which libpq reads
+    whatever the worker's settings say."""
+    # The one read of the environment outside lib/settings.py: libpq's own variables, not ours.
+    return os.environ.get(name)
+
+
 def connect_options(application_name: str, dsn: str, pooled: bool = False) -> dict[str, Any]:
     """What every connection of the worker is opened with; pooled: dsn is a
     pooler in transaction mode (DB's pooled)."""
@@ -134,8 +141,7 @@ def connect_options(application_name: str, dsn: str, pooled: bool = False) -> di
         "keepalives_interval": 5,
         "keepalives_count": 3,
     }
-    # The one read of the environment outside lib/settings.py: PGGSSENCMODE is libpq's own variable, not ours.
-    if "gssencmode" not in psycopg2.extensions.parse_dsn(dsn) and "PGGSSENCMODE" not in os.environ:
+    if "gssencmode" not in psycopg2.extensions.parse_dsn(dsn) and _libpq_env("PGGSSENCMODE") is None:
         # Unless asked for: trying GSS encryption first makes libpq load the
         # Kerberos libraries into every worker (0.8 MB resident, seen on an
         # idle worker) and costs each new connection a round trip.
@@ -149,7 +155,7 @@ def connect_options(application_name: str, dsn: str, pooled: bool = False) -> di
         # still wins. Not through a pooler: it does not pass options on, and
         # PgBouncer refuses a connection that sends one it is not told to
         # ignore; the README says to ALTER ROLE ... SET jit = off there.
-        given = psycopg2.extensions.parse_dsn(dsn).get("options", os.environ.get("PGOPTIONS", ""))
+        given = psycopg2.extensions.parse_dsn(dsn).get("options", _libpq_env("PGOPTIONS") or "")
         options["options"] = f"-c jit=off {given}".strip()
     return options
 
