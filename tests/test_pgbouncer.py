@@ -533,28 +533,26 @@ def test_a_listen_through_the_pooler_is_named_once(database: Database, tmp_path:
     assert len(worker.lines("the LISTEN connection goes through a connection pooler")) == 1, worker.text()
 
 
+def _migrate_through(url: str) -> subprocess.CompletedProcess[str]:
+    """`python worker.py migrate` with DATABASE_URL=url and nothing of the suite's pooler settings."""
+    env = {k: v for k, v in os.environ.items() if k not in OUTER}
+    return subprocess.run(
+        [sys.executable, "worker.py", "migrate"],
+        cwd=APP.parents[2],
+        env={**env, "DATABASE_URL": url},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
 def test_a_database_url_through_a_pooler_without_jobs_pooler_is_named(database: Database) -> None:
     """JOBS_POOLER unset with DATABASE_URL at PgBouncer: said before the first
     statement that needs a session (here a migration's), whatever comes of it."""
-    env = {k: v for k, v in os.environ.items() if k not in OUTER}
-    done = subprocess.run(
-        [sys.executable, "worker.py", "migrate"],
-        cwd=APP.parents[2],
-        env={**env, "DATABASE_URL": database.pooled_url},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = _migrate_through(database.pooled_url)
     said = [line for line in done.stderr.splitlines() if "DATABASE_URL goes through a connection pooler" in line]
     assert len(said) == 1, done.stderr
     # And never for the server itself.
-    direct = subprocess.run(
-        [sys.executable, "worker.py", "migrate"],
-        cwd=APP.parents[2],
-        env={**env, "DATABASE_URL": database.direct_url},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    direct = _migrate_through(database.direct_url)
     assert direct.returncode == 0, direct.stderr
     assert "connection pooler" not in direct.stderr
