@@ -192,7 +192,11 @@ def test_the_readme_example_queue_runs_enqueued_and_scheduled_jobs(db, database_
         assert db.query_row("SELECT count(*) FROM greetings WHERE name = 'Ada'")[0] == 1
 
         fire_schedule(project, database_url)
-        scheduled = wait_for(lambda: db.query_row("SELECT id, status, args FROM jobs WHERE callsite LIKE 'clock:%%'"))
+        scheduled = wait_for(
+            lambda: db.query_row(
+                "SELECT id, status, args FROM jobs WHERE queue = 'example' AND callsite LIKE 'clock:%%'"
+            )
+        )
         # The handler read the entry's args.
         assert finished(db, scheduled[0]) == "ok: greeted the team"
 
