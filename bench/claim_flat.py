@@ -14,7 +14,7 @@ Two fresh databases of one server (DATABASE_URL, else the embedded one in
       by INSERT ... SELECT FROM generate_series. Both: VACUUM ANALYZE, CHECKPOINT.
 
 On both, the worker's own writes through lib/commit.py's group commit (the
-job_step named query, prepared, autocommit), in rounds, alternating job by
+job_step_one named query, prepared, autocommit), in rounds, alternating job by
 job between (a) and (b) so the machine's load falls on both alike: a claim
 alone and the job's outcome alone, then the steady state of a busy one-slot
 queue, the outcome sent together with the next claim. The headline is the p50 of that
@@ -24,7 +24,7 @@ Then, on each, the server's side: rolled-back EXPLAIN (ANALYZE, BUFFERS) of the
 job_claim and job_finalize named queries (execution time, and the buffers the
 function's statements touched, which the Function Scan's count includes), and,
 where the server has auto_explain, the plans of the statements inside
-jobs_step (generic, as the function runs them), to show
+jobs_step_one (generic, as the function runs them), to show
 each stays on its index.
 """
 
@@ -151,7 +151,7 @@ class Phase:
     vacuum_s: float = 0.0  # VACUUM ANALYZE
     checkpoint: bool = False  # a CHECKPOINT after the fill (not without the privilege)
     rows: dict[str, int] = field(default_factory=dict)  # by status, once filled
-    # Client: the group commit's send as a poller calls it (one job_step round trip and commit).
+    # Client: the group commit's send as a poller calls it (one job_step_one round trip and commit).
     step_ms: Spread | None = None  # outcome and the next claim together: a busy queue's steady state
     claim_ms: Spread | None = None  # a claim alone
     outcome_ms: Spread | None = None  # an outcome alone
@@ -289,7 +289,7 @@ def apart(side: Side) -> tuple[float, float]:
 
 
 def step(side: Side) -> float:
-    """The held job's outcome with the next claim, in one job_step (what a
+    """The held job's outcome with the next claim, in one job_step_one (what a
     busy one-slot queue sends per job): its milliseconds."""
     assert side.held is not None
     ms, reply = send(side, finalize_params(*side.held), claim_params())
@@ -404,7 +404,7 @@ AUTO_EXPLAIN = {
 
 def nested_plans(url: str) -> tuple[list[dict[str, Any]], str | None]:
     """The plans auto_explain logs for one claim and its job's finalize (rolled
-    back), the statements inside jobs_step included: a list
+    back), the statements inside jobs_step_one included: a list
     of {statement, duration_ms, buffers, scans, plan}; or why there are none."""
     conn = admin_connect(url)
     conn.notices = deque()  # unbounded: a plain list keeps only the last 50
@@ -553,7 +553,7 @@ def print_table(result: dict[str, Any]) -> None:
         f"\n{options['claims']} timed jobs of each kind per table (after {options['warmup']} untimed),"
         f" in rounds of {ROUND}, alternating between (a) and (b)"
     )
-    print("client: the group commit's send as a poller makes it (one job_step round trip and commit)")
+    print("client: the group commit's send as a poller makes it (one job_step_one round trip and commit)")
     print(f"srv: {options['explains']} rolled-back EXPLAIN (ANALYZE, BUFFERS) of job_claim / job_finalize, no commit")
     print(f"{'':>18}  {'ms':<30}{'mean':>9}{'p50':>9}{'p99':>9}{'max':>9}")
     for p in result["phases"]:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import gevent
-from gevent.event import AsyncResult
+from gevent.event import AsyncResult, Event
 
 from lib.db import DB, NoReply, Row, is_server_error
 from lib.sql import Q
@@ -29,6 +29,8 @@ log = logging.getLogger("jobs.commit")
 # Seconds a batch may take before it counts as unanswered (the server or the
 # way to it hangs); its outcome is then settled like a lost connection's.
 TIMEOUT = 30.0
+# Seconds the sender waits for more asks once it has sent all there were.
+LINGER = 1.0
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,7 @@ class Committer:
         self.timeout = timeout
         self._asks: list[_Ask] = []
         self._sender: gevent.Greenlet | None = None
+        self._more = Event()  # set when an ask comes while the sender lingers
         self.batches = 0  # round trips sent, and the asks they carried: for tests and benchmarks
         self.asks = 0
 
@@ -58,25 +61,36 @@ class Committer:
         in the next batch; raises what the batch raised."""
         ask = _Ask(outcome, claim)
         self._asks.append(ask)
+        # Either way the sender goes on the hub's next turn: asks made in this one join it.
         if self._sender is None or self._sender.dead:
-            # Started on the hub's next turn: asks made in this one join it.
             self._sender = gevent.spawn(self._drain)
+        else:
+            self._more.set()
         return ask.reply.get()
 
     def _drain(self) -> None:
-        # No switch between the last look at _asks and this greenlet's end, so
-        # an ask is never left with no sender.
-        while self._asks:
-            asks, self._asks = self._asks, []
-            try:
-                self._commit(asks)
-            except Exception as exc:
-                # A bug here must not leave pollers waiting for ever: each
-                # ask still unanswered hears of it, and the next batch goes on.
-                for ask in asks:
-                    if not ask.reply.ready():
-                        ask.reply.set_exception(exc)
-                log.exception("group commit failed")
+        while True:
+            while self._asks:
+                asks, self._asks = self._asks, []
+                try:
+                    self._commit(asks)
+                except Exception as exc:
+                    # A bug here must not leave pollers waiting for ever: each
+                    # ask still unanswered hears of it, and the next batch goes on.
+                    for ask in asks:
+                        if not ask.reply.ready():
+                            ask.reply.set_exception(exc)
+                    log.exception("group commit failed")
+            # A busy worker's next ask comes a moment after this batch's
+            # reply: waiting for it here spares starting a greenlet for each
+            # batch, and a new greenlet costs the process a fresh frame stack
+            # (16 KB mapped and unmapped, a fifth of a no-op job's CPU).
+            self._more.clear()
+            self._more.wait(LINGER)
+            # No switch between this last look at _asks and the greenlet's
+            # end, so an ask is never left with no sender.
+            if not self._asks:
+                return
 
     def _commit(self, asks: list[_Ask]) -> None:
         try:
@@ -107,35 +121,38 @@ class Committer:
     def _round_trip(self, asks: list[_Ask]) -> list[Row]:
         self.batches += 1
         self.asks += len(asks)
-        outcomes = [a.outcome for a in asks if a.outcome is not None]
-        claims = [a.claim for a in asks if a.claim is not None]
-        columns = {
-            "o_ids": [o["id"] for o in outcomes],
-            "o_workers": [o["worker_id"] for o in outcomes],
-            "o_attempts": [o["attempts"] for o in outcomes],
-            "o_statuses": [o["status"] for o in outcomes],
-            "o_retry_ins": [o["retry_in"] for o in outcomes],
-            "o_last_errors": [o["last_error"] for o in outcomes],
-            "o_tracebacks": [o["last_traceback"] for o in outcomes],
-            "o_delays": [o["delay"] for o in outcomes],
-            "o_uncounted": [o["uncounted"] for o in outcomes],
-            "c_queues": [c["queue"] for c in claims],
-            "c_slots": [c["slot"] for c in claims],
-            "c_workers": [c["worker_id"] for c in claims],
-            "c_leases": [c["lease"] for c in claims],
-            "c_max_attempts": [c["max_attempts"] for c in claims],
-            "c_ids": [c["id"] for c in claims],
-        }
-        params = {name: array_literal(values) for name, values in columns.items()}
+        sql, params = _one(asks[0]) if len(asks) == 1 else _many(asks)
         try:
             with gevent.Timeout(self.timeout):
-                return self.db.reserved.query(Q.job_step, params)
+                return self.db.reserved.query(sql, params)
         except gevent.Timeout as exc:
             # The connection was discarded with the server process noted on
             # the exception (lib.db): settling needs it.
             lost = NoReply(f"no answer within {self.timeout:g}s")
             lost.backend_pid = getattr(exc, "backend_pid", None)  # type: ignore[attr-defined]
             raise lost from None
+
+
+# The fields of an outcome (job_finalize's parameters) and of a claim (job_claim's).
+_OUTCOME = ("id", "worker_id", "attempts", "status", "retry_in", "last_error", "last_traceback", "delay", "uncounted")
+_CLAIM = ("queue", "slot", "worker_id", "lease", "max_attempts", "id")
+
+
+def _one(ask: _Ask) -> tuple[str, dict[str, Any]]:
+    """A lone ask, each field a plain value: jobs_step_one, which costs the
+    server a third less than jobs_step's batch statement (migration 017)."""
+    params = {f"o_{k}": None if ask.outcome is None else ask.outcome[k] for k in _OUTCOME}
+    params.update({f"c_{k}": None if ask.claim is None else ask.claim[k] for k in _CLAIM})
+    return Q.job_step_one, params
+
+
+def _many(asks: list[_Ask]) -> tuple[str, dict[str, str]]:
+    """Several asks, each field a column of the batch: jobs_step."""
+    outcomes = [a.outcome for a in asks if a.outcome is not None]
+    claims = [a.claim for a in asks if a.claim is not None]
+    params = {f"o_{k}": array_literal([o[k] for o in outcomes]) for k in _OUTCOME}
+    params.update({f"c_{k}": array_literal([c[k] for c in claims]) for k in _CLAIM})
+    return Q.job_step, params
 
 
 def array_literal(values: list[Any]) -> str:

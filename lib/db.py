@@ -122,6 +122,29 @@ def _thread_aware(green: Any, hub_thread: int, monkey: Any) -> Any:
     return wait
 
 
+def _semaphore(value: int) -> Any:
+    """A counting semaphore for the pool, whose users are the greenlets of the
+    hub's thread. Under gevent, gevent's own: the patched threading.Semaphore
+    yields to the hub on every release (its Condition checks that it holds
+    its lock with a non-blocking acquire, which gevent follows with a
+    sleep(0)), a switch on every statement the pool runs."""
+    monkey = sys.modules.get("gevent.monkey")
+    if monkey is not None and monkey.is_module_patched("threading"):
+        from gevent.lock import Semaphore
+
+        return Semaphore(value)
+    return threading.Semaphore(value)
+
+
+def _readable_now(conn: psycopg2.extensions.connection) -> bool:
+    """Whether the server has sent something on conn, asked without waiting.
+    The stdlib's select: gevent's, even with no timeout, also yields to the
+    hub, a switch on every checkout of the pool."""
+    monkey = sys.modules.get("gevent.monkey")
+    native = select.select if monkey is None else monkey.get_original("select", "select")
+    return bool(native([conn], [], [], 0)[0])
+
+
 def _libpq_env(name: str) -> str | None:
     """A variable of libpq's own (PGGSSENCMODE, PGOPTIONS), which libpq reads
     whatever the worker's settings say."""
@@ -292,10 +315,10 @@ class DB(_Runner):
         # Most recently used on the right: it is handed out next, and the
         # connections on the left are the ones that have been idle longest.
         self._idle: deque[_Pooled] = deque()
-        self._slots = threading.Semaphore(size)
+        self._slots = _semaphore(size)
         # One more connection, only for DB.reserved: the group commit's writes
         # never wait behind handlers that hold every other connection.
-        self._reserve = threading.Semaphore(1)
+        self._reserve = _semaphore(1)
         self._closed = False
         self.in_use = 0  # connections checked out now (for /metrics)
         self.reserved = _Reserved(self)
@@ -349,8 +372,7 @@ class DB(_Runner):
         A ping on every checkout would double an idle worker's transactions."""
         if pooled.conn.closed:
             return False
-        readable, _, _ = select.select([pooled.conn], [], [], 0)
-        if readable:
+        if _readable_now(pooled.conn):
             pooled.conn.close()
             return False
         if time.monotonic() - pooled.idle_since < self.ping_after:

@@ -12,6 +12,7 @@ import pytest
 from gevent.event import Event
 from tests_support import count_jobs, poll_until, wait_for
 
+import lib.commit
 import worker
 from lib.commit import array_literal
 from lib.db import DB
@@ -222,6 +223,34 @@ def test_a_fault_in_the_committer_reaches_its_asks_and_the_next_batch_goes_on(db
     assert "group commit failed" in caplog.text
     poller.commit._round_trip = answer
     assert poller.claim() is not None
+
+
+def test_one_sender_serves_a_busy_queue_and_leaves_once_idle(db, monkeypatch):
+    """The committer's sender waits a moment for the next ask instead of
+    ending with each batch: one greenlet sends a serial queue's every step,
+    and it is gone once nothing has come for LINGER seconds."""
+    monkeypatch.setattr(lib.commit, "LINGER", 0.5)
+    poller = Poller("s", db, {"s.N": lambda job: "ok"})
+    for _ in range(20):
+        insert(db, "s", "s.N")
+    commit = poller.commit
+    senders = []  # the greenlet that sent each batch
+    send = commit._commit
+
+    def noted(asks):
+        senders.append(gevent.getcurrent())
+        return send(asks)
+
+    commit._commit = noted
+    poll_until([poller], lambda: count_jobs(db, "status = 'ok'") == 20)
+    assert len(senders) >= 20  # a step a job, each a batch of its own
+    assert len(set(senders)) == 1
+    wait_for(lambda: senders[0].dead, timeout=5)
+    # The next ask finds no sender and starts one: nothing waits for a sender that left.
+    insert(db, "s", "s.N")
+    with gevent.Timeout(10):
+        assert poller.claim() is not None
+    assert len(set(senders)) == 2
 
 
 def test_an_outcome_the_driver_cannot_send_fails_alone(db):

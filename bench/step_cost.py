@@ -1,0 +1,161 @@
+"""What one step of a serial queue costs the server: a job's outcome and the
+next claim, sent as the group commit sends a lone ask (jobs_step_one,
+migration 017) and as a batch of one through jobs_step (migration 014).
+
+Run from the project root:  .venv/bin/python bench/step_cost.py [--steps 3000] [--rounds 4]
+
+On a scratch database (DATABASE_URL's server, else the embedded one): the
+server's commit rate (pgbench, one client, a single-row UPDATE a transaction),
+then, for each function, a queue of pending no-op jobs worked one at a time
+by a plain psycopg2 connection (no gevent, no pool: only the statement and
+its commit), each step the previous job's outcome with the next claim, one
+round trip and one commit. The two take turns, --rounds times --steps steps
+each, so the machine's load falls on both alike. For each: steps a second
+(and as a share of the commit rate) and the backend's CPU a step, read from
+/proc, so the server must run on this machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg2
+import psycopg2.extensions
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import (
+    begin,
+    context_lines,
+    finish,
+    machine_line,
+    measure_commit_rate,
+    process_cpu_seconds,
+    run_record,
+    scratch_database,
+)
+from lib.commit import _Ask, _many, _one
+from lib.sql import STATEMENTS
+
+PATHS = {"jobs_step_one": _one, "jobs_step (a batch of one)": lambda ask: _many([ask])}
+WARMUP = 200  # untimed steps first: the statements are prepared and planned
+
+
+class Stepper:
+    """One queue worked one job at a time through one function."""
+
+    def __init__(self, url: str, queue: str, build: Any, jobs: int) -> None:
+        self.queue, self.build = queue, build
+        self.conn = psycopg2.connect(url)
+        self.conn.autocommit = True
+        self.cur = self.conn.cursor()
+        self.cur.execute("SELECT pg_backend_pid()")
+        self.pid = self.cur.fetchone()[0]
+        self.cur.execute(
+            "INSERT INTO jobs (queue, name, args) SELECT %s, 'bench.Noop', '{}' FROM generate_series(1, %s)",
+            (queue, jobs),
+        )
+        self.cur.execute("VACUUM ANALYZE jobs")
+        self.prepared: set[str] = set()
+        self.row: tuple[Any, ...] | None = None
+
+    def step(self) -> None:
+        claim = {"queue": self.queue, "slot": 0, "worker_id": "bench", "lease": 300.0, "max_attempts": 5, "id": None}
+        outcome = None
+        if self.row is not None:
+            outcome = {
+                "id": self.row[2],
+                "worker_id": "bench",
+                "attempts": self.row[5],
+                "status": "ok",
+                "retry_in": None,
+                "last_error": None,
+                "last_traceback": None,
+                "delay": 0.0,
+                "uncounted": 0,
+            }
+        sql, params = self.build(_Ask(outcome, claim))
+        # Prepared, as the pool runs it.
+        stmt = STATEMENTS[sql]
+        if stmt.name not in self.prepared:
+            self.cur.execute(stmt.prepare)
+            self.prepared.add(stmt.name)
+        self.cur.execute(stmt.execute, [params[name] for name in stmt.params])
+        claimed = [row for row in self.cur.fetchall() if row[0] is not None]
+        if not claimed or claimed[0][2] is None:
+            raise SystemExit(f"{self.queue}: the queue ran dry or claimed nothing: {claimed}")
+        self.row = claimed[0]
+
+    def timed(self, steps: int) -> tuple[float, float]:
+        """Wall and backend CPU seconds for this many steps."""
+        cpu = process_cpu_seconds(self.pid)
+        began = time.perf_counter()
+        for _ in range(steps):
+            self.step()
+        wall = time.perf_counter() - began
+        after = process_cpu_seconds(self.pid)
+        if cpu is None or after is None:
+            raise SystemExit("the server's processes are not on this machine: no CPU time to read")
+        return wall, after - cpu
+
+
+def measure(url: str, steps: int, rounds: int) -> dict[str, dict[str, float]]:
+    steppers = {
+        label: Stepper(url, f"step{n}", build, WARMUP + steps * rounds + 10)
+        for n, (label, build) in enumerate(PATHS.items())
+    }
+    for stepper in steppers.values():
+        for _ in range(WARMUP):
+            stepper.step()
+    totals = {label: [0.0, 0.0] for label in steppers}
+    for _ in range(rounds):
+        for label, stepper in steppers.items():
+            wall, cpu = stepper.timed(steps)
+            totals[label][0] += wall
+            totals[label][1] += cpu
+    done = steps * rounds
+    return {
+        label: {"steps": done, "steps_per_s": done / wall, "server_cpu_ms": 1000 * cpu / done}
+        for label, (wall, cpu) in totals.items()
+    }
+
+
+def print_table(result: dict[str, Any]) -> None:
+    for line in context_lines(result):
+        print(line)
+    print(machine_line(result))
+    rate = result["commit_rate"]["tps"]
+    print(f"commit rate  {rate:,.0f} tx/s (pgbench -c 1 -j 1, single-row UPDATE)\n")
+    header = f"{'one serial step (outcome + next claim)':40} {'steps/s':>9} {'of commit rate':>15}"
+    print(f"{header} {'server CPU/step':>16}")
+    for label, found in result["paths"].items():
+        print(
+            f"{label:40} {found['steps_per_s']:9,.0f} {found['steps_per_s'] / rate:15.2f}"
+            f" {found['server_cpu_ms']:13.3f} ms"
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=3000, help="timed steps of each function a round")
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--pgbench-seconds", type=int, default=10)
+    args = parser.parse_args(argv)
+    server, load_at_start = begin()
+    with scratch_database(server) as scratch:
+        commit = measure_commit_rate(scratch.url, args.pgbench_seconds)
+        paths = measure(scratch.url, args.steps, args.rounds)
+        result = {
+            **run_record(server, load_at_start),
+            "commit_rate": {"tps": commit.tps, "seconds": commit.seconds, "pgbench": commit.version},
+            "paths": paths,
+        }
+    return finish(result, "step_cost", print_table)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
