@@ -19,9 +19,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import gevent
-from gevent.event import AsyncResult, Event
+from gevent.event import AsyncResult
 
 from lib.db import DB, NoReply, Row, is_server_error
+from lib.lingering import Lingering
 from lib.sql import Q
 
 log = logging.getLogger("jobs.commit")
@@ -29,8 +30,6 @@ log = logging.getLogger("jobs.commit")
 # Seconds a batch may take before it counts as unanswered (the server or the
 # way to it hangs); its outcome is then settled like a lost connection's.
 TIMEOUT = 30.0
-# Seconds the sender waits for more asks once it has sent all there were.
-LINGER = 1.0
 
 
 @dataclass(frozen=True)
@@ -51,8 +50,10 @@ class Committer:
         self.db = db
         self.timeout = timeout
         self._asks: list[_Ask] = []
-        self._sender: gevent.Greenlet | None = None
-        self._more = Event()  # set when an ask comes while the sender lingers
+        # The sender: it stays a moment for the next batch (a busy worker
+        # sends one every job), and sends on the hub's next turn, so asks
+        # made in this one go together.
+        self._sender = Lingering(self._drain, lambda: bool(self._asks))
         self.batches = 0  # round trips sent, and the asks they carried: for tests and benchmarks
         self.asks = 0
 
@@ -61,36 +62,21 @@ class Committer:
         in the next batch; raises what the batch raised."""
         ask = _Ask(outcome, claim)
         self._asks.append(ask)
-        # Either way the sender goes on the hub's next turn: asks made in this one join it.
-        if self._sender is None or self._sender.dead:
-            self._sender = gevent.spawn(self._drain)
-        else:
-            self._more.set()
+        self._sender.ask()
         return ask.reply.get()
 
     def _drain(self) -> None:
-        while True:
-            while self._asks:
-                asks, self._asks = self._asks, []
-                try:
-                    self._commit(asks)
-                except Exception as exc:
-                    # A bug here must not leave pollers waiting for ever: each
-                    # ask still unanswered hears of it, and the next batch goes on.
-                    for ask in asks:
-                        if not ask.reply.ready():
-                            ask.reply.set_exception(exc)
-                    log.exception("group commit failed")
-            # A busy worker's next ask comes a moment after this batch's
-            # reply: waiting for it here spares starting a greenlet for each
-            # batch, and a new greenlet costs the process a fresh frame stack
-            # (16 KB mapped and unmapped, a fifth of a no-op job's CPU).
-            self._more.clear()
-            self._more.wait(LINGER)
-            # No switch between this last look at _asks and the greenlet's
-            # end, so an ask is never left with no sender.
-            if not self._asks:
-                return
+        while self._asks:
+            asks, self._asks = self._asks, []
+            try:
+                self._commit(asks)
+            except Exception as exc:
+                # A bug here must not leave pollers waiting for ever: each
+                # ask still unanswered hears of it, and the next batch goes on.
+                for ask in asks:
+                    if not ask.reply.ready():
+                        ask.reply.set_exception(exc)
+                log.exception("group commit failed")
 
     def _commit(self, asks: list[_Ask]) -> None:
         try:

@@ -14,7 +14,7 @@ from typing import Any
 
 import gevent
 import gevent.pool
-from gevent.event import Event
+from gevent.event import AsyncResult, Event
 from greenlet import GreenletExit
 
 from lib import metrics
@@ -24,6 +24,7 @@ from lib.db import DB, is_conn_failure, is_data_error, is_database_error, is_ser
 from lib.errors import Outage, capture, configured_secrets, reporting, traceback_text
 from lib.insert import MAX_ARGS_BYTES, check_name
 from lib.leases import LeaseLost, Leases
+from lib.lingering import Lingering
 from lib.redact import scrub
 from lib.retry import BASE_SECONDS as RETRY_BASE_SECONDS
 from lib.retry import Backoff, backoff
@@ -38,6 +39,32 @@ MAX_THROTTLE = 86400.0
 # end of the shutdown window cannot cut a write in half; the worker waits for
 # this group before it exits.
 FINALIZING = gevent.pool.Group()
+
+
+class _Writes:
+    """One slot's outcome writes, each run in the slot's writer greenlet (in
+    FINALIZING), which stays for the slot's next job while it is busy."""
+
+    def __init__(self) -> None:
+        self._queue: list[tuple[Callable[..., Any], tuple[Any, ...], AsyncResult]] = []
+        self.writer = Lingering(self._run, lambda: bool(self._queue), FINALIZING)
+
+    def submit(self, write: Callable[..., Any], *args: Any) -> AsyncResult:
+        """write(*args) in the writer greenlet; its answer, or what it raised."""
+        done = AsyncResult()
+        self._queue.append((write, args, done))
+        self.writer.ask()
+        return done
+
+    def _run(self) -> None:
+        while self._queue:
+            write, args, done = self._queue.pop(0)
+            try:
+                done.set(write(*args))
+            except BaseException as exc:
+                done.set_exception(exc)
+                if not isinstance(exc, Exception):
+                    raise  # the writer itself was killed (the process is ending)
 
 
 @dataclass(frozen=True)
@@ -178,6 +205,7 @@ class Poller:
         # Per slot, a claim whose reply was lost: what it did is settled
         # before the slot claims again.
         self._unsettled: dict[int, BaseException] = {}
+        self._writes = [_Writes() for _ in range(concurrency)]
         # Rows this poller gave up on while they were still started by it
         # (outcome not written, or fenced): never mistaken for a new claim.
         self._abandoned: set[int] = set()
@@ -223,6 +251,13 @@ class Poller:
             gevent.killall(slots)
 
     def run_slot(self, stop: Event, slot: int) -> None:
+        try:
+            self._run_slot(stop, slot)
+        finally:
+            # Its last write goes on; the writer ends after it, not a moment later.
+            self._writes[slot].writer.close()
+
+    def _run_slot(self, stop: Event, slot: int) -> None:
         wakeup = self._wakeups[slot]
         retry = Backoff(cap=self.poll_interval)
         # What the last outcome's write found when it looked for the next job:
@@ -403,7 +438,7 @@ class Poller:
             # Cleared before that claim, as in the loop: a wake that lands after it is not lost.
             wakeup.clear()
         try:
-            found = self._finalize(job, outcome, delay, slot if look else None)
+            found = self._finalize(job, slot, outcome, delay, slot if look else None)
         finally:
             # Held (renewed, and never rescued by this worker) until the
             # outcome is written or given up on.
@@ -516,19 +551,20 @@ class Poller:
         # remain, in its place in the queue (retry_in 0 keeps run_at).
         return Outcome(st.INTERRUPTED, retry_in=0.0 if job.attempts < job.max_attempts else None)
 
-    def _finalize(self, job: PendingJob, outcome: Outcome, delay: float, next_slot: int | None) -> ClaimResult | None:
-        writer = FINALIZING.spawn(self._write_outcome, job, outcome, delay, next_slot)
+    def _finalize(
+        self, job: PendingJob, slot: int, outcome: Outcome, delay: float, next_slot: int | None
+    ) -> ClaimResult | None:
+        written = self._writes[slot].submit(self._write_outcome, job, outcome, delay, next_slot)
         try:
-            writer.join()
+            return written.get()
         except BaseException:
             # Killed while the write was under way (the shutdown window
             # closed): let it land, and give back a job it claimed, which
             # will now never run here.
-            writer.join(FINALIZE_TIMEOUT)
-            if writer.successful() and writer.value is not None and writer.value.job is not None:
-                self._release(writer.value.job)
+            written.wait(FINALIZE_TIMEOUT)
+            if written.successful() and written.value is not None and written.value.job is not None:
+                self._release(written.value.job)
             raise
-        return writer.value
 
     def _write_outcome(
         self, job: PendingJob, outcome: Outcome, delay: float, next_slot: int | None

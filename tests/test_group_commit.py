@@ -12,12 +12,12 @@ import pytest
 from gevent.event import Event
 from tests_support import count_jobs, poll_until, wait_for
 
-import lib.commit
+import lib.lingering
 import worker
 from lib.commit import array_literal
 from lib.db import DB
 from lib.insert import insert
-from lib.poller import Outcome, Poller
+from lib.poller import FINALIZING, Outcome, Poller
 from lib.settings import Settings
 from lib.sql import Q
 
@@ -229,7 +229,7 @@ def test_one_sender_serves_a_busy_queue_and_leaves_once_idle(db, monkeypatch):
     """The committer's sender waits a moment for the next ask instead of
     ending with each batch: one greenlet sends a serial queue's every step,
     and it is gone once nothing has come for LINGER seconds."""
-    monkeypatch.setattr(lib.commit, "LINGER", 0.5)
+    monkeypatch.setattr(lib.lingering, "LINGER", 0.5)
     poller = Poller("s", db, {"s.N": lambda job: "ok"})
     for _ in range(20):
         insert(db, "s", "s.N")
@@ -251,6 +251,37 @@ def test_one_sender_serves_a_busy_queue_and_leaves_once_idle(db, monkeypatch):
     with gevent.Timeout(10):
         assert poller.claim() is not None
     assert len(set(senders)) == 2
+
+
+def test_a_slot_writes_its_outcomes_from_one_greenlet_that_ends_with_the_slot(db, monkeypatch):
+    """Each outcome is written in a greenlet apart from the poller's (a kill
+    at the end of the shutdown window cannot cut it), the same one for every
+    job of a busy slot; when the slot stops, it ends at once, not a linger later."""
+    monkeypatch.setattr(lib.lingering, "LINGER", 30.0)
+    poller = Poller("w", db, {"w.N": lambda job: "ok"})
+    for _ in range(10):
+        insert(db, "w", "w.N")
+    writers = []
+    write = poller._write_outcome
+
+    def noted(*args):
+        writers.append(gevent.getcurrent())
+        return write(*args)
+
+    poller._write_outcome = noted
+    polling = []
+    poll = poller.run_slot
+
+    def noting(stop, slot):
+        polling.append(gevent.getcurrent())
+        return poll(stop, slot)
+
+    poller.run_slot = noting
+    poll_until([poller], lambda: count_jobs(db, "status = 'ok'") == 10)
+    assert len(writers) == 10 and len(set(writers)) == 1
+    assert writers[0] not in polling
+    # Gone from the group the worker waits for at shutdown, long before LINGER.
+    wait_for(lambda: writers[0].dead and len(FINALIZING) == 0, timeout=2)
 
 
 def test_an_outcome_the_driver_cannot_send_fails_alone(db):
