@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING  # noqa: E402
 import gevent  # noqa: E402
 from gevent.event import Event  # noqa: E402
 
-from lib import blocked, errors, httpd, logs, queue_state, stats, workers  # noqa: E402
+from lib import blocked, errors, logs, queue_state, stats, workers  # noqa: E402
 from lib.clock import Clock, Scheduled  # noqa: E402
 from lib.db import DB, behind_pooler, is_conn_failure, is_database_error  # noqa: E402
 from lib.errors import Outage  # noqa: E402
@@ -251,6 +251,10 @@ def run(
     if schedule:
         helpers.append(supervisor.spawn("clock", Clock(db, list(schedule)).run))
     if settings.http_addr is not None:
+        # Only here: the endpoints load prometheus-client, which a worker that
+        # serves none does without (lib/tally.py).
+        from lib import httpd
+
         server = httpd.for_worker(
             db,
             settings.http_addr,

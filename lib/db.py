@@ -24,7 +24,7 @@ import psycopg2
 import psycopg2.errors
 import psycopg2.extensions
 
-from lib import metrics
+from lib import tally
 from lib.sql import STATEMENTS, Q
 
 log = logging.getLogger("jobs.db")
@@ -398,7 +398,7 @@ class DB(_Runner):
         slots = self._reserve if reserved else self._slots
         if not slots.acquire(timeout=self.checkout_timeout):
             raise PoolTimeout(f"no connection free within {self.checkout_timeout}s (pool size {self.size})")
-        metrics.checkout_waited(time.monotonic() - began)
+        tally.checkout_waited(time.monotonic() - began)
         try:
             self._prune()
             while self._idle:

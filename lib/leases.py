@@ -23,7 +23,7 @@ import gevent.monkey
 import psycopg2
 from gevent.event import Event
 
-from lib import metrics
+from lib import tally
 from lib.db import DB, connect_options, is_database_error
 from lib.errors import Outage, capture
 from lib.sql import Q
@@ -167,7 +167,7 @@ class Leases:
                 tx.exec(Q.queue_notify, {"queue": queue})
         for job_id, queue, name, status in rows:
             log.warning("queue=%s job=%s id=%d rescued from a lost worker: %s", queue, name, job_id, status)
-            metrics.rescued(queue)
+            tally.rescued(queue)
         return [(r[0], r[1], r[2], r[3]) for r in rows]
 
     def run(self, stop: Event) -> None:

@@ -1,8 +1,9 @@
 """The worker's Prometheus metrics.
 
 Two sorts. What this process did (jobs finished, retries, snoozes, rescues,
-checkout waits) is counted where it happens, through the one-line functions
-below, into metric objects shared by the whole process. What is true now (each
+checkout waits) is reported where it happens, to lib.tally, which hands it to
+the one-line functions below once this module is loaded (the HTTP endpoints
+load it), into metric objects shared by the whole process. What is true now (each
 queue's rows, the pool, the listener, the supervisor's restarts) is read when
 /metrics is scraped, by collectors bound to the worker's own objects.
 
@@ -15,6 +16,7 @@ compare values before and after).
 from __future__ import annotations
 
 import functools
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -25,6 +27,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from lib import status as st
+from lib import tally
 from lib.errors import Outage
 
 # Not lib.db: it calls in here where the pool's events happen, so the one
@@ -232,3 +235,8 @@ def registry(
     if db is not None and stats is not None:
         reg.register(QueueCollector(db, stats, queues, outage=outage, conn_failure=conn_failure))
     return reg
+
+
+# Loaded (by the HTTP endpoints, or a test), this module counts what the
+# worker's parts report to lib.tally.
+tally.counted_by(sys.modules[__name__])

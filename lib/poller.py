@@ -17,8 +17,8 @@ import gevent.pool
 from gevent.event import AsyncResult, Event
 from greenlet import GreenletExit
 
-from lib import metrics
 from lib import status as st
+from lib import tally
 from lib.commit import committer
 from lib.db import DB, is_conn_failure, is_data_error, is_database_error, is_server_error, is_unique_violation
 from lib.errors import Outage, capture, configured_secrets, reporting, traceback_text
@@ -450,7 +450,7 @@ class Poller:
             self._hand_over()
         if log.isEnabledFor(logging.INFO):
             self._log_done(job, outcome, elapsed)
-        metrics.job_done(self.queue, outcome, elapsed)
+        tally.job_done(self.queue, outcome, elapsed)
         if delay > 0:
             (stop or Event()).wait(delay)
         return outcome.status, found

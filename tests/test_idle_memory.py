@@ -59,3 +59,23 @@ def test_an_idle_worker_loads_no_library_it_has_no_use_for(db, database_url):
     assert done.returncode == 0, done.stderr[-3000:]
     assert "serving http on" in done.stderr  # the HTTP endpoints ran, without the admin page
     assert "loaded: []" in done.stdout, done.stdout + done.stderr[-3000:]
+
+
+def test_a_worker_that_serves_no_metrics_keeps_no_prometheus_client(db, database_url):
+    """With JOBS_HTTP_ADDR=off nobody can read the counters: prometheus-client
+    (about 4 MB resident) stays unloaded, and the worker still runs its jobs."""
+    script = RUN_THEN_LIST.replace(
+        "gevent.spawn_later(3,",
+        "from lib.insert import insert\n"
+        "from lib.db import DB\n"
+        "pool = DB(os.environ['DATABASE_URL'], size=1)\n"
+        "insert(pool, 'caches', 'caches.Age')\n"
+        "gevent.spawn_later(3,",
+    ).replace('"argparse", "lib.cli",', '"argparse", "lib.cli", "prometheus_client", "lib.metrics", "lib.httpd",')
+    env = {"DATABASE_URL": database_url, "JOBS_HTTP_ADDR": "off", "SENTRY_DSN": "", "LOG_FORMAT": "text"}
+    done = run_python(script, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "loaded: []" in done.stdout, done.stdout + done.stderr[-3000:]
+    # Its handler ran and its outcome was written, with nothing there to count it.
+    (status,) = db.query_row("SELECT status FROM jobs WHERE queue = 'caches'")
+    assert status.startswith(("ok", "skip")), (status, done.stderr[-3000:])
