@@ -126,7 +126,7 @@ _CLAIM = ("queue", "slot", "worker_id", "lease", "max_attempts", "id")
 
 def _one(ask: _Ask) -> tuple[str, dict[str, Any]]:
     """A lone ask, each field a plain value: jobs_step_one, which costs the
-    server a third less than jobs_step's batch statement (migration 017)."""
+    server about a quarter less than jobs_step's batch statement (migration 017)."""
     params = {f"o_{k}": None if ask.outcome is None else ask.outcome[k] for k in _OUTCOME}
     params.update({f"c_{k}": None if ask.claim is None else ask.claim[k] for k in _CLAIM})
     return Q.job_step_one, params
