@@ -38,10 +38,10 @@ from bench.common import (
     run_record,
     scratch_database,
 )
-from lib.commit import _Ask, _many, _one
+from lib.commit import Ask, batch_step, lone_step
 from lib.sql import STATEMENTS
 
-PATHS = {"jobs_step_one": _one, "jobs_step (a batch of one)": lambda ask: _many([ask])}
+PATHS = {"jobs_step_one": lone_step, "jobs_step (a batch of one)": lambda ask: batch_step([ask])}
 WARMUP = 200  # untimed steps first: the statements are prepared and planned
 
 
@@ -78,7 +78,7 @@ class Stepper:
                 "delay": 0.0,
                 "uncounted": 0,
             }
-        sql, params = self.build(_Ask(outcome, claim))
+        sql, params = self.build(Ask(outcome, claim))
         # Prepared, as the pool runs it.
         stmt = STATEMENTS[sql]
         if stmt.name not in self.prepared:

@@ -5,7 +5,9 @@ ready at about the same moment.
 A lone ask on an idle worker goes at once: there is no window to wait for
 company. While one batch is on its way, the asks that arrive meanwhile wait for
 it and then go together, so under load a batch grows by itself, and an idle
-moment sends batches of one. One batch is on its way at a time (a second
+moment sends batches of one, each as jobs_step_one (migration 017): the same
+rules as jobs_step's for one ask, at less cost to the server. The sender
+stays a moment for the next batch (lib/lingering.py). One batch is on its way at a time (a second
 beside it would meet the first on the same queue's turn and be told to come
 back later), on a connection the pool keeps for it (DB.reserved), so
 handlers' own queries can never take the connection an outcome needs.
@@ -39,7 +41,7 @@ class Reply:
 
 
 @dataclass
-class _Ask:
+class Ask:
     outcome: dict[str, Any] | None  # job_finalize's parameters
     claim: dict[str, Any] | None  # job_claim's parameters
     reply: AsyncResult = field(default_factory=AsyncResult)
@@ -49,7 +51,7 @@ class Committer:
     def __init__(self, db: DB, timeout: float = TIMEOUT) -> None:
         self.db = db
         self.timeout = timeout
-        self._asks: list[_Ask] = []
+        self._asks: list[Ask] = []
         # The sender: it stays a moment for the next batch (a busy worker
         # sends one every job), and sends on the hub's next turn, so asks
         # made in this one go together.
@@ -60,7 +62,7 @@ class Committer:
     def send(self, outcome: dict[str, Any] | None, claim: dict[str, Any] | None) -> Reply:
         """Write an outcome (job_finalize's parameters) and/or claim (job_claim's),
         in the next batch; raises what the batch raised."""
-        ask = _Ask(outcome, claim)
+        ask = Ask(outcome, claim)
         self._asks.append(ask)
         self._sender.ask()
         return ask.reply.get()
@@ -78,7 +80,7 @@ class Committer:
                         ask.reply.set_exception(exc)
                 log.exception("group commit failed")
 
-    def _commit(self, asks: list[_Ask]) -> None:
+    def _commit(self, asks: list[Ask]) -> None:
         try:
             rows = self._round_trip(asks)
         except Exception as exc:
@@ -104,10 +106,10 @@ class Committer:
         for ask in asks:
             ask.reply.set(answers.reply(ask))
 
-    def _round_trip(self, asks: list[_Ask]) -> list[Row]:
+    def _round_trip(self, asks: list[Ask]) -> list[Row]:
         self.batches += 1
         self.asks += len(asks)
-        sql, params = _one(asks[0]) if len(asks) == 1 else _many(asks)
+        sql, params = lone_step(asks[0]) if len(asks) == 1 else batch_step(asks)
         try:
             with gevent.Timeout(self.timeout):
                 return self.db.reserved.query(sql, params)
@@ -124,16 +126,16 @@ _OUTCOME = ("id", "worker_id", "attempts", "status", "retry_in", "last_error", "
 _CLAIM = ("queue", "slot", "worker_id", "lease", "max_attempts", "id")
 
 
-def _one(ask: _Ask) -> tuple[str, dict[str, Any]]:
-    """A lone ask, each field a plain value: jobs_step_one, which costs the
+def lone_step(ask: Ask) -> tuple[str, dict[str, Any]]:
+    """The statement for a lone ask, each field a plain value: jobs_step_one, which costs the
     server about a quarter less than jobs_step's batch statement (migration 017)."""
     params = {f"o_{k}": None if ask.outcome is None else ask.outcome[k] for k in _OUTCOME}
     params.update({f"c_{k}": None if ask.claim is None else ask.claim[k] for k in _CLAIM})
     return Q.job_step_one, params
 
 
-def _many(asks: list[_Ask]) -> tuple[str, dict[str, str]]:
-    """Several asks, each field a column of the batch: jobs_step."""
+def batch_step(asks: list[Ask]) -> tuple[str, dict[str, str]]:
+    """The statement for several asks, each field a column of the batch: jobs_step."""
     outcomes = [a.outcome for a in asks if a.outcome is not None]
     claims = [a.claim for a in asks if a.claim is not None]
     params = {f"o_{k}": array_literal([o[k] for o in outcomes]) for k in _OUTCOME}
@@ -178,7 +180,7 @@ class _Answers:
             else:
                 self.claimed[row[0], row[1], row[-1]] = row[2:]
 
-    def reply(self, ask: _Ask) -> Reply:
+    def reply(self, ask: Ask) -> Reply:
         written = ask.outcome is not None and ask.outcome["id"] in self.written
         if ask.claim is None:
             return Reply(written, None)

@@ -14,12 +14,12 @@ from typing import Any
 import psycopg2
 import pytest
 
-from lib.commit import _Ask, _many, _one
+from lib.commit import Ask, batch_step, lone_step
 from lib.db import DB
 from lib.insert import insert
 from lib.queue_state import pause
 
-Ask = tuple[dict[str, Any] | None, dict[str, Any] | None]
+Pair = tuple[dict[str, Any] | None, dict[str, Any] | None]  # (outcome, claim)
 # jobs_step_one's floats come from now() of its own transaction: a wait or a
 # latency may differ by the moment between the two runs.
 SLACK = 0.2
@@ -47,7 +47,7 @@ def outcome(job_id: int, status: str = "ok", *, attempts: int = 1, **fields: Any
 def started(db: DB, queue: str = "q", slot: int = 0) -> int:
     """A job of the queue claimed by worker w in the given slot."""
     job_id = insert(db, queue, "q.N", {"n": 1})
-    db.query(*_one(_Ask(None, claim(queue, slot, job_id))))
+    db.query(*lone_step(Ask(None, claim(queue, slot, job_id))))
     return job_id
 
 
@@ -64,11 +64,11 @@ def held(database_url: str, sql: str, params: tuple[Any, ...]) -> Iterator[None]
         conn.close()
 
 
-def run_both(db: DB, ask: Ask) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+def run_both(db: DB, ask: Pair) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]], list[tuple[Any, ...]]]:
     """The rows each function answers, and the job rows each left, rolled back."""
     answers = []
-    for build in (_many, _one):
-        sql, params = build([_Ask(*ask)]) if build is _many else build(_Ask(*ask))
+    for build in (batch_step, lone_step):
+        sql, params = build([Ask(*ask)]) if build is batch_step else build(Ask(*ask))
         with db.transaction() as tx:
             rows = tx.query(sql, params)
             state = tx.query(
@@ -100,107 +100,107 @@ def soon(seconds: float) -> datetime:
     return datetime.now(UTC) + timedelta(seconds=seconds)
 
 
-Case = Callable[[DB, str], Ask]
+Case = Callable[[DB, str], Pair]
 
 
-def due_job(db: DB, url: str) -> Ask:
+def due_job(db: DB, url: str) -> Pair:
     insert(db, "q", "q.N", {"n": 1}, callsite="here")
     insert(db, "q", "q.N", {"n": 2})
     return None, claim()
 
 
-def priority_first(db: DB, url: str) -> Ask:
+def priority_first(db: DB, url: str) -> Pair:
     insert(db, "q", "q.N", {"n": 1})
     insert(db, "q", "q.N", {"n": 2}, priority=5)
     return None, claim()
 
 
-def asked_for(db: DB, url: str) -> Ask:
+def asked_for(db: DB, url: str) -> Pair:
     insert(db, "q", "q.N", {"n": 1})
     second = insert(db, "q", "q.N", {"n": 2})
     return None, claim(job_id=second)
 
 
-def asked_for_not_due(db: DB, url: str) -> Ask:
+def asked_for_not_due(db: DB, url: str) -> Pair:
     insert(db, "q", "q.N", {"n": 1})
     later = insert(db, "q", "q.N", {"n": 2}, run_at=soon(30))
     return None, claim(job_id=later)
 
 
-def empty_queue(db: DB, url: str) -> Ask:
+def empty_queue(db: DB, url: str) -> Pair:
     insert(db, "other", "q.N")
     return None, claim()
 
 
-def only_later(db: DB, url: str) -> Ask:
+def only_later(db: DB, url: str) -> Pair:
     insert(db, "q", "q.N", run_at=soon(40))
     insert(db, "q", "q.N", run_at=soon(20))
     return None, claim()
 
 
-def paused(db: DB, url: str) -> Ask:
+def paused(db: DB, url: str) -> Pair:
     insert(db, "q", "q.N")
     pause(db, "q", "by hand", soon(60))
     return None, claim()
 
 
-def paused_for_ever(db: DB, url: str) -> Ask:
+def paused_for_ever(db: DB, url: str) -> Pair:
     insert(db, "q", "q.N")
     pause(db, "q", "by hand")
     return None, claim()
 
 
-def throttled(db: DB, url: str) -> Ask:
+def throttled(db: DB, url: str) -> Pair:
     insert(db, "q", "q.N")
     db.exec("INSERT INTO job_queues (queue, next_claim_at) VALUES ('q', now() + interval '5 seconds')")
     return None, claim()
 
 
-def slot_taken(db: DB, url: str) -> Ask:
+def slot_taken(db: DB, url: str) -> Pair:
     started(db)
     insert(db, "q", "q.N")
     return None, claim(slot=0)
 
 
-def other_slot_free(db: DB, url: str) -> Ask:
+def other_slot_free(db: DB, url: str) -> Pair:
     started(db)
     insert(db, "q", "q.N", {"n": 2})
     return None, claim(slot=1)
 
 
-def outcome_and_next(db: DB, url: str) -> Ask:
+def outcome_and_next(db: DB, url: str) -> Pair:
     job_id = started(db)
     insert(db, "q", "q.N", {"n": 2})
     return outcome(job_id), claim()
 
 
-def outcome_of_another_claim(db: DB, url: str) -> Ask:
+def outcome_of_another_claim(db: DB, url: str) -> Pair:
     job_id = started(db)
     return outcome(job_id, attempts=2), None
 
 
-def outcome_again(db: DB, url: str) -> Ask:
+def outcome_again(db: DB, url: str) -> Pair:
     job_id = started(db)
-    db.query(*_one(_Ask(outcome(job_id), None)))
+    db.query(*lone_step(Ask(outcome(job_id), None)))
     return outcome(job_id), None
 
 
-def retry(db: DB, url: str) -> Ask:
+def retry(db: DB, url: str) -> Pair:
     job_id = started(db)
     return outcome(job_id, "err: boom", retry_in=30.0, last_error="err: boom", last_traceback="tb"), None
 
 
-def interrupted_keeps_its_place(db: DB, url: str) -> Ask:
+def interrupted_keeps_its_place(db: DB, url: str) -> Pair:
     job_id = started(db)
     return outcome(job_id, "interrupted", retry_in=0.0, last_error="interrupted"), None
 
 
-def snooze(db: DB, url: str) -> Ask:
+def snooze(db: DB, url: str) -> Pair:
     job_id = started(db)
     return outcome(job_id, "ok", retry_in=10.0, last_error="ok", uncounted=1), None
 
 
-def throttling_outcome(db: DB, url: str) -> Ask:
+def throttling_outcome(db: DB, url: str) -> Pair:
     job_id = started(db)
     insert(db, "q", "q.N")
     return outcome(job_id, delay=2.0), None
@@ -282,9 +282,9 @@ def test_a_throttling_outcome_holds_the_turn_until_it_commits(db: DB, database_u
     claim that comes meanwhile is told to look again, not let through."""
     job_id = started(db)
     insert(db, "q", "q.N")
-    for build in (_many, _one):
-        ask = _Ask(outcome(job_id, delay=2.0), None)
-        sql, params = build([ask]) if build is _many else build(ask)
+    for build in (batch_step, lone_step):
+        ask = Ask(outcome(job_id, delay=2.0), None)
+        sql, params = build([ask]) if build is batch_step else build(ask)
         with db.transaction() as tx:
             assert [row[2] for row in tx.query(sql, params)] == [job_id]
             other = psycopg2.connect(database_url)
