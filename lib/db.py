@@ -7,6 +7,7 @@ is_conn_failure() instead of inspecting driver errors themselves.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import select
@@ -140,9 +141,15 @@ def _readable_now(conn: psycopg2.extensions.connection) -> bool:
     """Whether the server has sent something on conn, asked without waiting.
     The stdlib's select: gevent's, even with no timeout, also yields to the
     hub, a switch on every checkout of the pool."""
+    return bool(_native_select()([conn], [], [], 0)[0])
+
+
+@functools.cache
+def _native_select() -> Any:
+    """The stdlib's select.select, patched or not; looked up once (the pool
+    is made after the worker's monkey-patching)."""
     monkey = sys.modules.get("gevent.monkey")
-    native = select.select if monkey is None else monkey.get_original("select", "select")
-    return bool(native([conn], [], [], 0)[0])
+    return select.select if monkey is None else monkey.get_original("select", "select")
 
 
 def _libpq_env(name: str) -> str | None:
