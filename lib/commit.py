@@ -2,15 +2,22 @@
 to the server together, one round trip and one transaction for all that is
 ready at about the same moment.
 
-A lone ask on an idle worker goes at once: there is no window to wait for
-company. While one batch is on its way, the asks that arrive meanwhile wait for
-it and then go together, so under load a batch grows by itself, and an idle
-moment sends batches of one, each as jobs_step_one (migration 017): the same
-rules as jobs_step's for one ask, at less cost to the server. The sender
-stays a moment for the next batch (lib/lingering.py). One batch is on its way at a time (a second
-beside it would meet the first on the same queue's turn and be told to come
-back later), on a connection the pool keeps for it (DB.reserved), so
-handlers' own queries can never take the connection an outcome needs.
+A lone ask on an idle worker goes on the hub's next turn: there is no window
+to wait for company, and the asks made in this turn go together (a queue's
+slots, starting at once, claim in one statement). The sender (lib/lingering.py)
+sends it, and stays a moment for the next batch. While one batch is on its
+way, the asks that arrive meanwhile wait for it and then go together, so
+under load a batch grows by itself. When batches carry one ask each (a
+serial queue, an idle worker), a job's outcome goes at once from the
+greenlet that asked, without the hop to the sender and back: outcomes come
+one at a time as jobs end, not in a burst of one turn. A batch of one goes
+as jobs_step_one (migration 017): the same rules as jobs_step's for one ask,
+at less cost to the server.
+
+One batch is on its way at a time (a second beside it would meet the first
+on the same queue's turn and be told to come back later), on a connection
+the pool keeps for it (DB.reserved), so handlers' own queries can never take
+the connection an outcome needs.
 """
 
 from __future__ import annotations
@@ -52,6 +59,8 @@ class Committer:
         self.db = db
         self.timeout = timeout
         self._asks: list[Ask] = []
+        self._in_flight = False  # a batch is on its way
+        self._alone = True  # the last batch carried one ask: the next lone one goes at once
         # The sender: it stays a moment for the next batch (a busy worker
         # sends one every job), and sends on the hub's next turn, so asks
         # made in this one go together.
@@ -63,22 +72,36 @@ class Committer:
         """Write an outcome (job_finalize's parameters) and/or claim (job_claim's),
         in the next batch; raises what the batch raised."""
         ask = Ask(outcome, claim)
-        self._asks.append(ask)
-        self._sender.ask()
+        if outcome is None or self._in_flight or self._asks or not self._alone:
+            self._asks.append(ask)
+            if not self._in_flight:
+                # Else the batch on its way asks the sender once it is back.
+                self._sender.ask()
+        else:
+            self._batch([ask])
         return ask.reply.get()
 
     def _drain(self) -> None:
         while self._asks:
             asks, self._asks = self._asks, []
-            try:
-                self._commit(asks)
-            except Exception as exc:
-                # A bug here must not leave pollers waiting for ever: each
-                # ask still unanswered hears of it, and the next batch goes on.
-                for ask in asks:
-                    if not ask.reply.ready():
-                        ask.reply.set_exception(exc)
-                log.exception("group commit failed")
+            self._batch(asks)
+
+    def _batch(self, asks: list[Ask]) -> None:
+        self._in_flight = True
+        try:
+            self._commit(asks)
+        except Exception as exc:
+            # A bug here must not leave pollers waiting for ever: each
+            # ask still unanswered hears of it, and the next batch goes on.
+            for ask in asks:
+                if not ask.reply.ready():
+                    ask.reply.set_exception(exc)
+            log.exception("group commit failed")
+        finally:
+            self._in_flight = False
+            self._alone = len(asks) == 1
+            if self._asks:
+                self._sender.ask()
 
     def _commit(self, asks: list[Ask]) -> None:
         try:

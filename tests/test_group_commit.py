@@ -225,32 +225,65 @@ def test_a_fault_in_the_committer_reaches_its_asks_and_the_next_batch_goes_on(db
     assert poller.claim() is not None
 
 
-def test_one_sender_serves_a_busy_queue_and_leaves_once_idle(db, monkeypatch):
-    """The committer's sender waits a moment for the next ask instead of
-    ending with each batch: one greenlet sends a serial queue's every step,
-    and it is gone once nothing has come for LINGER seconds."""
-    monkeypatch.setattr(lib.lingering, "LINGER", 0.5)
+def calls_of(obj, name):
+    """Wrap obj's method name: the (greenlet, args) of each call from now on."""
+    calls = []
+    method = getattr(obj, name)
+
+    def noted(*args):
+        calls.append((gevent.getcurrent(), args))
+        return method(*args)
+
+    setattr(obj, name, noted)
+    return calls
+
+
+def test_a_serial_queue_sends_each_outcome_from_its_writer_without_the_sender(db):
+    """Batches of one ask each (a serial queue): a job's outcome, with the
+    slot's next claim, goes from the greenlet that asked (the slot's writer),
+    with no hop to the sender and back."""
     poller = Poller("s", db, {"s.N": lambda job: "ok"})
     for _ in range(20):
         insert(db, "s", "s.N")
-    commit = poller.commit
-    senders = []  # the greenlet that sent each batch
-    send = commit._commit
-
-    def noted(asks):
-        senders.append(gevent.getcurrent())
-        return send(asks)
-
-    commit._commit = noted
+    batches = calls_of(poller.commit, "_commit")
+    writes = calls_of(poller, "_write_outcome")
     poll_until([poller], lambda: count_jobs(db, "status = 'ok'") == 20)
-    assert len(senders) >= 20  # a step a job, each a batch of its own
-    assert len(set(senders)) == 1
-    wait_for(lambda: senders[0].dead, timeout=5)
+    # The greenlet that sent each batch carrying an outcome: one a job, each alone.
+    senders = [g for g, (asks,) in batches if any(ask.outcome is not None for ask in asks)]
+    assert len(senders) == 20
+    assert set(senders) == {g for g, _ in writes} and len(set(senders)) == 1
+
+
+def test_asks_of_one_turn_go_together_from_a_sender_that_leaves_once_idle(db, monkeypatch):
+    """Claims asked in the same turn of the hub (a queue's slots starting) go
+    in one batch, sent by the sender; it waits a moment for the next batch
+    instead of ending with each, and is gone once nothing has come for LINGER
+    seconds. Once batches carry several asks, an outcome waits for the
+    sender's turn too, so the outcomes of one turn go together."""
+    monkeypatch.setattr(lib.lingering, "LINGER", 0.5)
+    pollers = [Poller(f"t{n}", db, {"t.N": lambda job: "ok"}) for n in range(3)]
+    for poller in pollers:
+        insert(db, poller.queue, "t.N")
+    batches = calls_of(pollers[0].commit, "_commit")
+
+    def together(ask):
+        asking = [gevent.spawn(ask, p) for p in pollers]
+        gevent.joinall(asking, timeout=10, raise_error=True)
+        return [g.value for g in asking]
+
+    claimed = together(lambda p: p.claim())
+    assert all(job is not None for job in claimed)
+    together(lambda p: p.commit.send(p._outcome_params(claimed[pollers.index(p)], Outcome("ok"), 0.0), None))
+    assert [len(asks) for _, (asks,) in batches] == [3, 3]
+    sender = batches[0][0]
+    assert batches[1][0] is sender
+    assert count_jobs(db, "status = 'ok'") == 3
+    wait_for(lambda: sender.dead, timeout=5)
     # The next ask finds no sender and starts one: nothing waits for a sender that left.
-    insert(db, "s", "s.N")
+    insert(db, "t0", "t.N")
     with gevent.Timeout(10):
-        assert poller.claim() is not None
-    assert len(set(senders)) == 2
+        assert pollers[0].claim() is not None
+    assert batches[-1][0] is not sender and not batches[-1][0].dead
 
 
 def test_a_slot_writes_its_outcomes_from_one_greenlet_that_ends_with_the_slot(db, monkeypatch):
@@ -261,25 +294,12 @@ def test_a_slot_writes_its_outcomes_from_one_greenlet_that_ends_with_the_slot(db
     poller = Poller("w", db, {"w.N": lambda job: "ok"})
     for _ in range(10):
         insert(db, "w", "w.N")
-    writers = []
-    write = poller._write_outcome
-
-    def noted(*args):
-        writers.append(gevent.getcurrent())
-        return write(*args)
-
-    poller._write_outcome = noted
-    polling = []
-    poll = poller.run_slot
-
-    def noting(stop, slot):
-        polling.append(gevent.getcurrent())
-        return poll(stop, slot)
-
-    poller.run_slot = noting
+    writes = calls_of(poller, "_write_outcome")
+    polling = calls_of(poller, "run_slot")
     poll_until([poller], lambda: count_jobs(db, "status = 'ok'") == 10)
+    writers = [g for g, _ in writes]
     assert len(writers) == 10 and len(set(writers)) == 1
-    assert writers[0] not in polling
+    assert writers[0] not in [g for g, _ in polling]
     # Gone from the group the worker waits for at shutdown, long before LINGER.
     wait_for(lambda: writers[0].dead and len(FINALIZING) == 0, timeout=2)
 
