@@ -13,7 +13,9 @@ fresh database on the server (DATABASE_URL, else the embedded one); the
 server's single-client commit rate (pgbench) is measured in the same run.
 
 Workloads (no-op jobs, --jobs of them):
-  1. one queue, one job at a time;
+  1. one queue, one job at a time; for ours, also the serial step alone
+     (bench/step_cost.py: jobs_step_one from a plain psycopg2 loop, no
+     worker), which bounds what any worker around that statement can reach;
   2. one queue at each of --concurrencies, the best reported;
   3. --jobs over 40 queues, one job at a time each: jobs/s, database
      transactions per job, and the connections held at peak (workload 7);
@@ -48,6 +50,7 @@ import psycopg2.extensions
 # Run as a script, sys.path[0] is bench/; lib/ lives at the project root.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import step_cost
 from bench.common import (
     ROOT,
     Server,
@@ -75,6 +78,7 @@ STOP_TIMEOUT = 60.0
 READY_TIMEOUT = 60.0
 READY_SETTLE = 2.0  # seconds after the worker's first connection before producing
 RECORDED_TIMEOUT = 15.0  # from the last handler start to its outcome in the table
+STEP_ALONE_STEPS, STEP_ALONE_ROUNDS = 2000, 3  # the serial step alone: about 3 s
 
 
 # ---------------------------------------------------------------- the sides
@@ -401,6 +405,14 @@ class Latency:
     max_ms: float | None = None
 
 
+def measure_step_alone(server: Server) -> float:
+    """Serial steps a second of jobs_step_one run by a plain psycopg2 loop, as
+    the group commit sends them (bench/step_cost.py), on a fresh database."""
+    with scratch_database(server) as scratch:
+        found = step_cost.measure(scratch.url, STEP_ALONE_STEPS, STEP_ALONE_ROUNDS, ["jobs_step_one"])
+    return float(found["jobs_step_one"]["steps_per_s"])
+
+
 def measure_latency(side: Side, server: Server, samples: int) -> Latency:
     """Another process commits one job at a time, 50-100 ms apart (random);
     each latency is the handler's time.time() at start less the producer's
@@ -508,6 +520,7 @@ class SideResult:
     latency: Latency | None = None  # workload 4
     enqueue: Enqueue | None = None  # workload 5
     idle: Idle | None = None  # workload 6
+    step_alone: float | None = None  # workload 1, ours only: serial steps a second with no worker
 
     def best(self) -> Throughput | None:
         return max(self.concurrency, key=lambda t: t.jobs_per_s, default=None)
@@ -533,6 +546,9 @@ def run_side(name: str, server: Server, args: argparse.Namespace) -> SideResult:
     if "1" in workloads or "2" in workloads:
         say(f"workload 1: {args.jobs} jobs, one queue, one at a time")
         result.one_queue = measure_throughput(side, server, ["q00"], args.jobs, 1)
+        if name == "ours":
+            say("workload 1: the serial step alone, no worker")
+            result.step_alone = measure_step_alone(server)
     if "2" in workloads:
         for concurrency in args.concurrencies:
             if concurrency == 1:
@@ -656,6 +672,7 @@ def print_table(result: dict[str, Any], rows: list[Row]) -> None:
             ours = row.values.get("ours")
             if ours is not None and "jobs/s" in row.label and "enqueue" not in row.label:
                 print(f"  ours, {row.label.split(' (')[0]}: {ours / rate['tps']:.2f} of the commit rate")
+    print_step_alone(result, rows)
     print("(ratios: ours over the better peer / over PGQueuer; above 1 is more: better for jobs/s,")
     print(" worse for transactions, connections, latency and memory)")
     for name in names:
@@ -667,6 +684,23 @@ def print_table(result: dict[str, Any], rows: list[Row]) -> None:
         latency = side.get("latency")
         if latency and latency["started"] < latency["samples"]:
             print(f"  {name} latency: {latency['samples'] - latency['started']} jobs not started within 5 s")
+
+
+def print_step_alone(result: dict[str, Any], rows: list[Row]) -> None:
+    """The serial step with no worker around it, against the same peers: the
+    most the serial row's ratio could be with that statement."""
+    alone = result["sides"].get("ours", {}).get("step_alone")
+    serial = next((row for row in rows if row.label == ROWS[0][0]), None)
+    if not alone or serial is None:
+        return
+    best, _ = ratios(Row(serial.label, True, {**serial.values, "ours": alone}))
+    line = f"  the serial step alone (jobs_step_one, no worker): {alone:,.0f} steps/s"
+    if best is not None:
+        line += f", {best:.2f} x the better peer"
+    ours = serial.values.get("ours")
+    if ours:
+        line += f"; the worker runs at {ours / alone:.2f} of it"
+    print(line)
 
 
 # ---------------------------------------------------------------- main

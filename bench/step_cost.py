@@ -12,7 +12,10 @@ its commit), each step the previous job's outcome with the next claim, one
 round trip and one commit. The two take turns, --rounds times --steps steps
 each, so the machine's load falls on both alike. For each: steps a second
 (and as a share of the commit rate) and the backend's CPU a step, read from
-/proc, so the server must run on this machine.
+/proc when the server runs on this machine (else n/a).
+
+bench/compare.py runs the jobs_step_one loop too, next to the worker's own
+serial run: what the statement alone allows, in the same run as the peers.
 """
 
 from __future__ import annotations
@@ -90,38 +93,41 @@ class Stepper:
             raise SystemExit(f"{self.queue}: the queue ran dry or claimed nothing: {claimed}")
         self.row = claimed[0]
 
-    def timed(self, steps: int) -> tuple[float, float]:
-        """Wall and backend CPU seconds for this many steps."""
+    def timed(self, steps: int) -> tuple[float, float | None]:
+        """Wall and backend CPU seconds for this many steps; CPU None when the
+        server's processes are not on this machine."""
         cpu = process_cpu_seconds(self.pid)
         began = time.perf_counter()
         for _ in range(steps):
             self.step()
         wall = time.perf_counter() - began
         after = process_cpu_seconds(self.pid)
-        if cpu is None or after is None:
-            raise SystemExit("the server's processes are not on this machine: no CPU time to read")
-        return wall, after - cpu
+        return wall, None if cpu is None or after is None else after - cpu
 
 
-def measure(url: str, steps: int, rounds: int) -> dict[str, dict[str, float]]:
+def measure(url: str, steps: int, rounds: int, paths: list[str] | None = None) -> dict[str, dict[str, Any]]:
+    """Each of paths (default: all of PATHS), by label: steps, steps_per_s, server_cpu_ms (None: not visible)."""
     steppers = {
-        label: Stepper(url, f"step{n}", build, WARMUP + steps * rounds + 10)
-        for n, (label, build) in enumerate(PATHS.items())
+        label: Stepper(url, f"step{n}", PATHS[label], WARMUP + steps * rounds + 10)
+        for n, label in enumerate(paths or PATHS)
     }
     for stepper in steppers.values():
         for _ in range(WARMUP):
             stepper.step()
-    totals = {label: [0.0, 0.0] for label in steppers}
+    walls = dict.fromkeys(steppers, 0.0)
+    cpus: dict[str, float | None] = dict.fromkeys(steppers, 0.0)
     for _ in range(rounds):
         for label, stepper in steppers.items():
             wall, cpu = stepper.timed(steps)
-            totals[label][0] += wall
-            totals[label][1] += cpu
+            walls[label] += wall
+            so_far = cpus[label]
+            cpus[label] = None if cpu is None or so_far is None else so_far + cpu
     done = steps * rounds
-    return {
-        label: {"steps": done, "steps_per_s": done / wall, "server_cpu_ms": 1000 * cpu / done}
-        for label, (wall, cpu) in totals.items()
-    }
+    found = {}
+    for label, cpu in cpus.items():
+        cpu_ms = None if cpu is None else 1000 * cpu / done
+        found[label] = {"steps": done, "steps_per_s": done / walls[label], "server_cpu_ms": cpu_ms}
+    return found
 
 
 def print_table(result: dict[str, Any]) -> None:
@@ -133,10 +139,8 @@ def print_table(result: dict[str, Any]) -> None:
     header = f"{'one serial step (outcome + next claim)':40} {'steps/s':>9} {'of commit rate':>15}"
     print(f"{header} {'server CPU/step':>16}")
     for label, found in result["paths"].items():
-        print(
-            f"{label:40} {found['steps_per_s']:9,.0f} {found['steps_per_s'] / rate:15.2f}"
-            f" {found['server_cpu_ms']:13.3f} ms"
-        )
+        cpu = "n/a" if found["server_cpu_ms"] is None else f"{found['server_cpu_ms']:.3f} ms"
+        print(f"{label:40} {found['steps_per_s']:9,.0f} {found['steps_per_s'] / rate:15.2f} {cpu:>16}")
 
 
 def main(argv: list[str] | None = None) -> int:
