@@ -457,16 +457,17 @@ def step(chaos: Chaos, elapsed: float, db: DB, server: ChaosServer, workers: Wor
         insert_batch(db, chaos)
     for _ in workers.died_in_batch():
         chaos.died_in_batch += 1
-        chaos.replacements.append(elapsed + chaos.rng.uniform(0.0, 1.5))
+        # It ran alone: now its replacement and the others.
+        chaos.replacements.extend(elapsed + chaos.rng.uniform(0.0, 1.5) for _ in range(WORKERS))
     for due in [t for t in chaos.replacements if t <= elapsed]:
         chaos.replacements.remove(due)
         workers.start()
-    if chaos.kills < len(chaos.plan.kills) and elapsed >= chaos.plan.kills[chaos.kills]:
-        # Not the worker set to die in a group commit, while it has not: a
-        # kill first would leave that crash untried. It ran one job and was
-        # killed 2.8 s in, and the run waited for its crash until the deadline.
-        victim = chaos.rng.choice([p for p in workers.alive() if not (p.dies and chaos.died_in_batch == 0)])
-        workers.kill(victim)
+    # Not the worker set to die in a group commit, while it has not: a kill
+    # first would leave that crash untried. A kill with no other worker to
+    # fall on waits for one.
+    victims = [p for p in workers.alive() if not (p.dies and chaos.died_in_batch == 0)]
+    if chaos.kills < len(chaos.plan.kills) and elapsed >= chaos.plan.kills[chaos.kills] and victims:
+        workers.kill(chaos.rng.choice(victims))
         chaos.kills += 1
         # Replaced after a while: between blows two or three workers run.
         chaos.replacements.append(elapsed + chaos.rng.uniform(0.0, 1.5))
@@ -499,12 +500,12 @@ def drive(chaos: Chaos, db: DB, server: ChaosServer, workers: Workers) -> None:
     """Run the plan until every blow has fallen and the jobs have settled."""
     began = time.monotonic()
     # One of them crashes in a group commit: after the server has answered an
-    # outcome and claims, before its pollers hear of it.
-    # Early enough that it comes even when the other workers hold most of
-    # the queues (a queue's slot stays with the worker that claimed it).
+    # outcome and claims, before its pollers hear of it. It starts alone, and
+    # the others once it has died: a queue's slot stays with the worker that
+    # claimed it, so beside the others it could hold no slot and wait for ever
+    # for its Nth commit (one ran two jobs in two minutes); alone, it holds
+    # every queue's and reaches it within its first jobs.
     workers.start(CHAOS_DIE_IN_BATCH=str(chaos.rng.randint(5, 40)))
-    for _ in range(WORKERS - 1):
-        workers.start()
     while not finished(chaos, db, workers):
         elapsed = time.monotonic() - began
         assert elapsed < DEADLINE, (
