@@ -10,12 +10,12 @@ import gevent
 import psycopg2
 import pytest
 from gevent.event import Event
-from tests_support import count_jobs, poll_until, wait_for
+from tests_support import count_jobs, poll_until, wait_for, waiting_on
 
 import lib.lingering
 import worker
 from lib.commit import array_literal
-from lib.db import DB
+from lib.db import DB, NoReply
 from lib.insert import insert
 from lib.poller import FINALIZING, Outcome, Poller
 from lib.settings import Settings
@@ -252,6 +252,40 @@ def test_a_serial_queue_sends_each_outcome_from_its_writer_without_the_sender(db
     senders = [g for g, (asks,) in batches if any(ask.outcome is not None for ask in asks)]
     assert len(senders) == 20
     assert set(senders) == {g for g, _ in writes} and len(set(senders)) == 1
+
+
+def test_a_lone_outcome_cut_off_in_its_greenlet_leaves_the_committer_sending(db, database_url, monkeypatch):
+    """A lone outcome goes from the greenlet that asked. Killed with its batch
+    on the way (another transaction holds the row), that greenlet takes the
+    batch down with it: the ask hears so, and the ask queued behind it still
+    goes, with no sender left from before to find it, and so does the next."""
+    monkeypatch.setattr(lib.lingering, "LINGER", 0.05)
+    poller = Poller("cut", db, {"cut.N": lambda job: "ok"})
+    first = insert(db, "cut", "cut.N")
+    job = poller.claim()
+    assert job is not None and job.id == first
+    commit = poller.commit
+    wait_for(lambda: commit._sender._greenlet.dead, timeout=5)
+    batches = calls_of(commit, "_commit")
+    holder = psycopg2.connect(database_url)
+    try:
+        with holder.cursor() as cur:
+            cur.execute("SELECT 1 FROM jobs WHERE id = %s FOR UPDATE", (first,))
+        writing = gevent.spawn(commit.send, poller._outcome_params(job, Outcome("ok"), 0.0), None)
+        wait_for(lambda: waiting_on(db, "transactionid"), timeout=10)
+        claiming = gevent.spawn(commit.send, None, poller._claim_params(None, 0))
+        gevent.sleep(0)  # it queues behind the batch on its way
+        assert not claiming.ready()
+        writing.kill()
+        (cut, (asks,)), *_ = batches
+        assert cut is writing and isinstance(asks[0].reply.exception, NoReply)
+        # The slot is still the first job's: the claim's answer is that it is taken.
+        reply = claiming.get(timeout=10)
+        assert reply.row is not None and reply.row[0] is None
+        with gevent.Timeout(10):
+            assert commit.send(None, poller._claim_params(None, 0)).row is not None
+    finally:
+        holder.close()
 
 
 def test_asks_of_one_turn_go_together_from_a_sender_that_leaves_once_idle(db, monkeypatch):
