@@ -60,7 +60,7 @@ class Committer:
         self.timeout = timeout
         self._asks: list[Ask] = []
         self._in_flight = False  # a batch is on its way
-        self._alone = True  # the last batch carried one ask: the next lone one goes at once
+        self._alone = True  # the last batch carried one ask: the next outcome may go at once
         # The sender: it stays a moment for the next batch (a busy worker
         # sends one every job), and sends on the hub's next turn, so asks
         # made in this one go together.
