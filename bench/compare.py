@@ -12,8 +12,10 @@ best settings for the workload (see bench/README.md). Every measurement gets a
 fresh database on the server (DATABASE_URL, else the embedded one); the
 server's single-client commit rate (pgbench) is measured in the same run.
 
-Workloads (no-op jobs, --jobs of them):
-  1. one queue, one job at a time; for ours, also the serial step alone
+Workloads (no-op jobs, --jobs of them), each run by every side in turn:
+  1. one queue, one job at a time, in --rounds rounds (each side once a
+     round, going first in turn), the median run reported; for
+     ours, also the serial step alone
      (bench/step_cost.py: jobs_step_one from a plain psycopg2 loop, no
      worker), which bounds what any worker around that statement can reach;
   2. one queue at each of --concurrencies, the best reported;
@@ -33,6 +35,7 @@ import importlib.util
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -521,6 +524,8 @@ class SideResult:
     enqueue: Enqueue | None = None  # workload 5
     idle: Idle | None = None  # workload 6
     step_alone: float | None = None  # workload 1, ours only: serial steps a second with no worker
+    serial_rounds: list[Throughput] = field(default_factory=list)  # workload 1, each round; one_queue is the median
+    step_alone_rounds: list[float] = field(default_factory=list)
 
     def best(self) -> Throughput | None:
         return max(self.concurrency, key=lambda t: t.jobs_per_s, default=None)
@@ -535,41 +540,74 @@ def version(name: str) -> str:
     return importlib.metadata.version(name)
 
 
-def run_side(name: str, server: Server, args: argparse.Namespace) -> SideResult:
-    side = make_side(name)
-    result = SideResult(name, version(name), side.settings)
-    workloads = args.workloads
+def run_serial_rounds(
+    sides: dict[str, Side], results: dict[str, SideResult], server: Server, args: argparse.Namespace
+) -> None:
+    """Workload 1 in --rounds rounds, the sides taking turns within each round
+    and going first in turn, so a drift of the machine's commit cost over the
+    run (a shared disk's) falls on every side alike; each side's reported run
+    is its median."""
+    names = list(sides)
+    for turn in range(args.rounds):
+        for name in names[turn % len(names) :] + names[: turn % len(names)]:
+            say(name, f"workload 1, round {turn + 1} of {args.rounds}: {args.jobs} jobs, one queue, one at a time")
+            results[name].serial_rounds.append(measure_throughput(sides[name], server, ["q00"], args.jobs, 1))
+            if name == "ours":
+                say(name, "workload 1: the serial step alone, no worker")
+                results[name].step_alone_rounds.append(measure_step_alone(server))
+    for result in results.values():
+        result.one_queue = median_run(result.serial_rounds)
+        if result.step_alone_rounds:
+            result.step_alone = statistics.median(result.step_alone_rounds)
 
-    def say(what: str) -> None:
-        print(f"[{name}] {what} ...", flush=True)
 
-    if "1" in workloads or "2" in workloads:
-        say(f"workload 1: {args.jobs} jobs, one queue, one at a time")
-        result.one_queue = measure_throughput(side, server, ["q00"], args.jobs, 1)
-        if name == "ours":
-            say("workload 1: the serial step alone, no worker")
-            result.step_alone = measure_step_alone(server)
-    if "2" in workloads:
+def median_run(runs: list[Throughput]) -> Throughput:
+    """The run of median rate (the lower middle of an even count): a whole run,
+    so its completeness and counts go with the rate shown."""
+    return sorted(runs, key=lambda t: t.jobs_per_s)[(len(runs) - 1) // 2]
+
+
+def say(name: str, what: str) -> None:
+    print(f"[{name}] {what} ...", flush=True)
+
+
+def run_workload(
+    name: str, side: Side, workload: str, result: SideResult, server: Server, args: argparse.Namespace
+) -> None:
+    """One of workloads 2-6 for one side (workload 1 runs in rounds)."""
+    if workload == "2":
         for concurrency in args.concurrencies:
             if concurrency == 1:
                 result.concurrency.append(result.one_queue)  # type: ignore[arg-type]
                 continue
-            say(f"workload 2: {args.jobs} jobs, one queue, concurrency {concurrency}")
+            say(name, f"workload 2: {args.jobs} jobs, one queue, concurrency {concurrency}")
             result.concurrency.append(measure_throughput(side, server, ["q00"], args.jobs, concurrency))
-    if "3" in workloads:
-        say(f"workload 3: {args.jobs} jobs over {MANY_QUEUES} queues, one at a time each")
+    elif workload == "3":
+        say(name, f"workload 3: {args.jobs} jobs over {MANY_QUEUES} queues, one at a time each")
         queues = [f"q{i:02d}" for i in range(MANY_QUEUES)]
         result.many_queues = measure_throughput(side, server, queues, args.jobs, 1)
-    if "4" in workloads:
-        say(f"workload 4: commit-to-start latency, {args.samples} jobs one per commit")
+    elif workload == "4":
+        say(name, f"workload 4: commit-to-start latency, {args.samples} jobs one per commit")
         result.latency = measure_latency(side, server, args.samples)
-    if "5" in workloads:
-        say(f"workload 5: enqueue {args.jobs} one per transaction, then in batches of {ENQUEUE_BATCH}")
+    elif workload == "5":
+        say(name, f"workload 5: enqueue {args.jobs} one per transaction, then in batches of {ENQUEUE_BATCH}")
         result.enqueue = measure_enqueue(side, server, args.jobs)
-    if "6" in workloads:
-        say(f"workload 6: idle {MANY_QUEUES}-queue worker, {args.idle_seconds:g} s window")
+    elif workload == "6":
+        say(name, f"workload 6: idle {MANY_QUEUES}-queue worker, {args.idle_seconds:g} s window")
         result.idle = measure_idle(side, server, args.idle_seconds, args.settle)
-    return result
+
+
+def run_all(server: Server, args: argparse.Namespace) -> dict[str, SideResult]:
+    """Workload by workload, every side in turn: the runs a ratio compares are
+    minutes apart at most, not a whole side's run apart."""
+    sides = {name: make_side(name) for name in args.sides}
+    results = {name: SideResult(name, version(name), side.settings) for name, side in sides.items()}
+    if "1" in args.workloads or "2" in args.workloads:
+        run_serial_rounds(sides, results, server, args)
+    for workload in sorted(set(args.workloads) - {"1"}):
+        for name, side in sides.items():
+            run_workload(name, side, workload, results[name], server, args)
+    return results
 
 
 # ---------------------------------------------------------------- the table
@@ -673,6 +711,7 @@ def print_table(result: dict[str, Any], rows: list[Row]) -> None:
             if ours is not None and "jobs/s" in row.label and "enqueue" not in row.label:
                 print(f"  ours, {row.label.split(' (')[0]}: {ours / rate['tps']:.2f} of the commit rate")
     print_step_alone(result, rows)
+    print_rounds(result)
     print("(ratios: ours over the better peer / over PGQueuer; above 1 is more: better for jobs/s,")
     print(" worse for transactions, connections, latency and memory)")
     for name in names:
@@ -703,6 +742,18 @@ def print_step_alone(result: dict[str, Any], rows: list[Row]) -> None:
     print(line)
 
 
+def print_rounds(result: dict[str, Any]) -> None:
+    """Workload 1's rounds, each ours over the better peer of that round: how
+    far the median's ratio could move between runs."""
+    rates = {name: [run["jobs_per_s"] for run in side["serial_rounds"]] for name, side in result["sides"].items()}
+    ours, peers = rates.get("ours"), [rates[p] for p in PEERS if rates.get(p)]
+    if not ours or len(ours) < 2 or not peers:
+        return
+    better = [max(peer[turn] for peer in peers) for turn in range(len(ours))]
+    each = ", ".join(f"{rate / peer:.2f}" if peer else "-" for rate, peer in zip(ours, better, strict=True))
+    print(f"  1 queue, 1 at a time, round by round, ours over the better peer: {each}")
+
+
 # ---------------------------------------------------------------- main
 
 
@@ -716,6 +767,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--idle-seconds", type=float, help="workload 6's window (default 60; quick 20)")
     parser.add_argument("--settle", type=float, help="workload 6: seconds before the window (default 30; quick 15)")
     parser.add_argument("--pgbench-seconds", type=int, help="commit-rate run (default 10; quick 5)")
+    parser.add_argument("--rounds", type=int, help="workload 1's rounds, each side once a round (default 3; quick 1)")
     parser.add_argument("--quick", action="store_true", help="a sanity run: smaller numbers, shorter windows")
     args = parser.parse_args(argv)
     quick = args.quick
@@ -724,11 +776,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.idle_seconds = args.idle_seconds or (20.0 if quick else 60.0)
     args.settle = args.settle if args.settle is not None else (15.0 if quick else 30.0)
     args.pgbench_seconds = args.pgbench_seconds or (5 if quick else 10)
+    args.rounds = args.rounds or (1 if quick else 3)
     args.workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
     args.concurrencies = sorted({int(c) for c in args.concurrencies.split(",")})
     args.sides = [s for s in SIDES if not args.only or s in args.only]
     if set(args.workloads) - set("1234567") or args.jobs < MANY_QUEUES or min(args.concurrencies) < 1:
         parser.error("--workloads of 1-7, --jobs >= 40, --concurrencies >= 1")
+    if args.rounds < 1:
+        parser.error("--rounds >= 1")
     return args
 
 
@@ -752,11 +807,21 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     print(f"pgbench: {args.pgbench_seconds} s of single-row commits ...", flush=True)
     rate = commit_rate(server, args.pgbench_seconds)
-    results = {name: run_side(name, server, args) for name in args.sides}
+    results = run_all(server, args)
     rows = build_rows(results)
     options = {
         k: getattr(args, k)
-        for k in ("jobs", "workloads", "concurrencies", "samples", "idle_seconds", "settle", "pgbench_seconds", "quick")
+        for k in (
+            "jobs",
+            "workloads",
+            "concurrencies",
+            "rounds",
+            "samples",
+            "idle_seconds",
+            "settle",
+            "pgbench_seconds",
+            "quick",
+        )
     }
     result = {
         **run_record(server, load_at_start),
