@@ -716,8 +716,10 @@ def print_table(result: dict[str, Any], rows: list[Row]) -> None:
     print(" worse for transactions, connections, latency and memory)")
     for name in names:
         side = result["sides"][name]
-        for key in ("one_queue", "many_queues"):
-            run = side.get(key)
+        # Every serial round, not only the median one shown: a round cut short
+        # moves the median too.
+        runs = [(f"one_queue round {n}", run) for n, run in enumerate(side.get("serial_rounds") or [], 1)]
+        for key, run in [*runs, ("many_queues", side.get("many_queues"))]:
             if run and not run["complete"]:
                 print(f"  INCOMPLETE {name} {key}: {run['done']}/{run['jobs']} done, {run['error']}")
         latency = side.get("latency")
