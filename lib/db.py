@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import math
 import os
 import select
 import sys
@@ -17,7 +18,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -226,7 +227,41 @@ def _bind(cur: psycopg2.extensions.cursor, sql: str, params: Params, prepare: bo
     if stmt.name not in done:
         cur.execute(stmt.prepare)
         done.add(stmt.name)
-    return cur.mogrify(stmt.execute, [params[name] for name in stmt.params] if params else None)
+    if not params:
+        return cur.mogrify(stmt.execute, None)
+    values = [params[name] for name in stmt.params]
+    literals = [_literal(value) for value in values]
+    if None in literals:
+        return cur.mogrify(stmt.execute, values)
+    return stmt.template % tuple(literals)
+
+
+def _literal(value: Any) -> bytes | None:
+    """value as the driver's mogrify writes it, byte for byte, for the values
+    the worker's own statements carry on every job (ids, counts, seconds, a
+    queue, a worker id, a plain status); None for any other value, and the
+    driver then binds them all. The driver finds an adapter for each value
+    through its registry, a fifth of the worker's Python on a serial job; a
+    string that needs quoting or escaping, or a value of any other type, is
+    still the driver's to write."""
+    kind = type(value)
+    if value is None:
+        return b"NULL"
+    if kind is int:
+        # A space before a minus, as the driver writes it: "-" after "-" would start a comment.
+        return b"%d" % value if value >= 0 else b" %d" % value
+    if kind is str:
+        plain = value.isascii() and value.isprintable() and "'" not in value and "\\" not in value
+        return b"'" + value.encode() + b"'" if plain else None
+    if kind is float:
+        # repr reads back as the same float8; the driver writes infinities and NaN its own way.
+        if not math.isfinite(value):
+            return None
+        text = repr(value).encode()
+        return b" " + text if text.startswith(b"-") else text
+    if kind is bool:
+        return b"true" if value else b"false"
+    return None
 
 
 class _Runner:
@@ -234,10 +269,8 @@ class _Runner:
 
     prepare = True
 
-    @contextmanager
-    def _cursor(self) -> Iterator[psycopg2.extensions.cursor]:
+    def _cursor(self) -> AbstractContextManager[psycopg2.extensions.cursor]:
         raise NotImplementedError
-        yield
 
     def exec(self, sql: str, params: Params = None) -> int:
         """Run a statement; the number of rows it touched."""
@@ -263,10 +296,8 @@ class Tx(_Runner):
         self.conn = conn
         self.prepare = prepare
 
-    @contextmanager
-    def _cursor(self) -> Iterator[psycopg2.extensions.cursor]:
-        with self.conn.cursor() as cur:
-            yield cur
+    def _cursor(self) -> AbstractContextManager[psycopg2.extensions.cursor]:
+        return self.conn.cursor()
 
 
 class _Reserved(_Runner):
@@ -279,10 +310,55 @@ class _Reserved(_Runner):
     def prepare(self) -> bool:  # type: ignore[override]
         return self.db.prepare
 
-    @contextmanager
-    def _cursor(self) -> Iterator[psycopg2.extensions.cursor]:
-        with self.db._checked_out(reserved=True) as conn, conn.cursor() as cur:
-            yield cur
+    def _cursor(self) -> AbstractContextManager[psycopg2.extensions.cursor]:
+        return _CheckedOutCursor(self.db, reserved=True)
+
+
+class _CheckedOut:
+    """A connection of the pool for one with-block, checked back in (or
+    discarded, after a fault that leaves it unusable) when the block ends.
+    A class, not a generator: every statement the worker sends goes through
+    one, and a generator's context manager costs several times as much."""
+
+    __slots__ = ("db", "pooled", "reserved")
+
+    def __init__(self, db: DB, reserved: bool = False) -> None:
+        self.db = db
+        self.reserved = reserved
+
+    def __enter__(self) -> psycopg2.extensions.connection:
+        self.pooled = self.db._checkout(self.reserved)
+        self.db.in_use += 1
+        return self.pooled.conn
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        pooled = self.pooled
+        if exc is not None and not _reusable_after(exc) and pooled.backend_pid:
+            # What the statement did on the server is not known; settle() finds out.
+            with contextlib.suppress(AttributeError, TypeError):
+                exc.backend_pid = pooled.backend_pid  # type: ignore[attr-defined]
+        self.db._checkin(pooled, exc, self.reserved)
+
+
+class _CheckedOutCursor(_CheckedOut):
+    """The same, with a cursor on the connection for the block."""
+
+    __slots__ = ("cur",)
+
+    def __enter__(self) -> psycopg2.extensions.cursor:  # type: ignore[override]
+        conn = super().__enter__()
+        try:
+            self.cur = conn.cursor()
+        except BaseException as exc:
+            super().__exit__(type(exc), exc, exc.__traceback__)
+            raise
+        return self.cur
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        try:
+            self.cur.close()
+        finally:
+            super().__exit__(kind, exc, tb)
 
 
 class DB(_Runner):
@@ -435,25 +511,11 @@ class DB(_Runner):
             self.in_use -= 1
             (self._reserve if reserved else self._slots).release()
 
-    @contextmanager
-    def _checked_out(self, reserved: bool = False) -> Iterator[psycopg2.extensions.connection]:
-        pooled = self._checkout(reserved)
-        self.in_use += 1
-        try:
-            yield pooled.conn
-        except BaseException as exc:
-            if not _reusable_after(exc) and pooled.backend_pid:
-                # What the statement did on the server is not known; settle() finds out.
-                with contextlib.suppress(AttributeError, TypeError):
-                    exc.backend_pid = pooled.backend_pid  # type: ignore[union-attr]
-            self._checkin(pooled, exc, reserved)
-            raise
-        self._checkin(pooled, None, reserved)
+    def _checked_out(self, reserved: bool = False) -> _CheckedOut:
+        return _CheckedOut(self, reserved)
 
-    @contextmanager
-    def _cursor(self) -> Iterator[psycopg2.extensions.cursor]:
-        with self._checked_out() as conn, conn.cursor() as cur:
-            yield cur
+    def _cursor(self) -> AbstractContextManager[psycopg2.extensions.cursor]:
+        return _CheckedOutCursor(self)
 
     def settle(self, exc: BaseException, timeout: float = 10.0) -> None:
         """After a statement failed with its outcome unknown (the connection

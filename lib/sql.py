@@ -75,6 +75,7 @@ class Statement:
     params: tuple[str, ...]  # the %(name)s parameters, in $1, $2... order
     prepare: str  # PREPARE name AS ... $1 ...
     execute: str  # EXECUTE name(%s, ...), for the driver to fill in
+    template: bytes  # the same, for lib.db to fill in with literals it wrote itself
 
 
 _PARAM = re.compile(r"%\((\w+)\)s")
@@ -84,7 +85,8 @@ def statement(name: str, sql: str) -> Statement:
     params = tuple(dict.fromkeys(_PARAM.findall(sql)))
     positional = _PARAM.sub(lambda m: f"${params.index(m.group(1)) + 1}", sql).replace("%%", "%")
     args = f"({', '.join(['%s'] * len(params))})" if params else ""
-    return Statement(name, params, f"PREPARE {name} AS {positional}", f"EXECUTE {name}{args}")
+    execute = f"EXECUTE {name}{args}"
+    return Statement(name, params, f"PREPARE {name} AS {positional}", execute, execute.encode())
 
 
 _QUERIES = load()

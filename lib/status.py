@@ -80,14 +80,22 @@ def clean(status: str) -> str:
     return _build(prefix, rest) if sep else status
 
 
+# A status standing alone, and a prefix before ": ", by their text: a dict
+# lookup, where Kind(text) goes through the enum's metaclass (twice a job).
+_BARE = {k.value: k for k in (Kind.PENDING, Kind.STARTED, Kind.OK)}
+_PREFIXES = {k.value: k for k in (Kind.OK, Kind.FAIL, Kind.SKIP, Kind.ERR)}
+
+
 def kind(status: str) -> Kind:
     """The kind of any status string; ValueError for one outside the vocabulary."""
-    if status in (PENDING, STARTED, "ok"):
-        return Kind(status)
+    bare = _BARE.get(status)
+    if bare is not None:
+        return bare
     prefix, sep, detail = status.partition(": ")
-    if sep and detail and prefix in (Kind.OK, Kind.FAIL, Kind.SKIP, Kind.ERR):
-        return Kind(prefix)
-    raise ValueError(f"not a job status: {status!r}")
+    found = _PREFIXES.get(prefix) if sep and detail else None
+    if found is None:
+        raise ValueError(f"not a job status: {status!r}")
+    return found
 
 
 def detail(status: str) -> str:

@@ -1,4 +1,5 @@
 import contextlib
+import math
 import socket
 from urllib.parse import parse_qs, quote, urlsplit, urlunsplit
 
@@ -234,3 +235,82 @@ def test_connections_run_without_jit_keeping_the_options_given(database_url, mon
     assert [row[0] for row in got] == ["off", "off", "on", "off"]
     assert (got[1][1], got[3][1]) == ("4321ms", "1234ms")
     assert "options" not in connect_options("jobs", database_url, pooled=True)
+
+
+# Every value a job's statements carry, and some that look like them but are not the fast path's to write.
+LITERAL_VALUES = [
+    None,
+    0,
+    7,
+    -5,
+    10**30,
+    -(10**30),
+    True,
+    False,
+    0.0,
+    -0.0,
+    1.5,
+    -1.5,
+    1e300,
+    5e-324,
+    float("inf"),
+    float("-inf"),
+    float("nan"),
+    "",
+    "ok",
+    "q00",
+    "w-host-1234-ab12",
+    "fail: no match for 50% of %s and %(name)s",
+    "it's",
+    "a\\b",
+    "é",
+    "tab\there",
+    "line\nbreak",
+]
+
+
+def test_values_written_without_the_driver_are_what_the_driver_writes(db):
+    """lib.db writes the common values of a prepared statement itself: byte for
+    byte what psycopg2's mogrify writes, or None to leave the value (and the
+    statement) to the driver."""
+    from lib.db import _literal
+
+    fast = 0
+    with db.connection() as conn, conn.cursor() as cur:
+        for value in LITERAL_VALUES:
+            written = _literal(value)
+            if written is not None:
+                fast += 1
+                assert written == cur.mogrify("%s", (value,)), value
+        for other in ({"a": 1}, [1], b"x", psycopg2.extensions.ISQLQuote):
+            assert _literal(other) is None
+    # Infinities, NaN and strings that need escaping or are not plain ASCII stay the driver's.
+    assert fast == len(LITERAL_VALUES) - 3 - 5
+
+
+def test_a_prepared_statement_reads_back_every_value_it_was_given(db, monkeypatch):
+    """Through a named query run prepared, the values lib.db writes and those
+    it leaves to the driver, side by side in one statement, reach the server
+    as they were sent."""
+    from lib.sql import STATEMENTS, statement
+
+    echo = "SELECT %(t)s::text, %(n)s::numeric, %(f)s::float8, %(b)s::bool"
+    monkeypatch.setitem(STATEMENTS, echo, statement("test_echo", echo))
+    strings = [v for v in LITERAL_VALUES if isinstance(v, str)]
+    ints = [v for v in LITERAL_VALUES if type(v) is int]
+    floats = [v for v in LITERAL_VALUES if type(v) is float]
+    sent = [
+        {"t": strings[i % len(strings)], "n": ints[i % len(ints)], "f": floats[i % len(floats)], "b": i % 2 == 0}
+        for i in range(len(strings))
+    ]
+    sent.append(dict.fromkeys(("t", "n", "f", "b")))
+    for params in sent:
+        text, number, real, flag = db.query_row(echo, params)
+        assert (text, number, flag) == (params["t"], params["n"], params["b"])
+        if params["f"] is None or math.isnan(params["f"]):
+            assert real is params["f"] or math.isnan(real)
+        else:
+            # -0.0 reads back as 0.0, as it does when the driver writes it: "-" is an operator in SQL.
+            assert real == params["f"]
+    # Run prepared (the pool hands out the connection used last).
+    assert db.query_row("SELECT count(*) FROM pg_prepared_statements WHERE name = 'test_echo'") == (1,)
