@@ -132,6 +132,33 @@ def test_handler_that_hangs_is_timed_out(db, sentry_events):
     assert len(sentry_events) == 1
 
 
+def test_each_job_of_a_slot_gets_its_own_full_timeout(db):
+    """The slot's one timer starts again for every job: a job that ran close
+    to the limit leaves none of its time to the next; a hang after a quick
+    job is cut at the limit, where its handler was, and the timer that cut
+    it fires on no later job."""
+    ran = []
+
+    def handler(job):
+        ran.append(job.args["i"])
+        if job.args["mode"] == "hang":
+            gevent.sleep(60)
+        if job.args["mode"] == "close":
+            gevent.sleep(0.3)
+        return "ok"
+
+    poller = Poller("q", db, {"q.T": handler}, job_timeout=0.5)
+    modes = ["close", "close", "hang", "quick", "hang", "close"]
+    ids = [insert(db, "q", "q.T", {"i": i, "mode": mode}) for i, mode in enumerate(modes)]
+    with gevent.Timeout(20):
+        results = [poller.work_once() for _ in modes]
+    timed_out = "err: JobTimeout: timed out after 0.5s"
+    assert results == ["ok", "ok", timed_out, "ok", timed_out, "ok"]
+    assert ran == list(range(len(modes)))
+    (traceback,) = db.query_row("SELECT last_traceback FROM jobs WHERE id = %s", (ids[2],))
+    assert "in handler" in traceback and "gevent.sleep(60)" in traceback
+
+
 @pytest.mark.parametrize(
     ("returned", "expected"),
     [
