@@ -27,10 +27,10 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
-import gevent
 from gevent.event import AsyncResult
 
 from lib.db import DB, NoReply, Row, is_server_error
+from lib.deadline import Deadline, Expired
 from lib.lingering import Lingering
 from lib.sql import Q
 
@@ -65,6 +65,8 @@ class Committer:
         # sends one every job), and sends on the hub's next turn, so asks
         # made in this one go together.
         self._sender = Lingering(self._drain, lambda: bool(self._asks))
+        # One batch is on its way at a time, so one deadline serves them all.
+        self._deadline = Deadline(timeout)
         self.batches = 0  # round trips sent, and the asks they carried: for tests and benchmarks
         self.asks = 0
 
@@ -133,10 +135,11 @@ class Committer:
         self.batches += 1
         self.asks += len(asks)
         sql, params = lone_step(asks[0]) if len(asks) == 1 else batch_step(asks)
+        self._deadline.seconds = self.timeout
         try:
-            with gevent.Timeout(self.timeout):
+            with self._deadline:
                 return self.db.reserved.query(sql, params)
-        except gevent.Timeout as exc:
+        except Expired as exc:
             # The connection was discarded with the server process noted on
             # the exception (lib.db): settling needs it.
             lost = NoReply(f"no answer within {self.timeout:g}s")

@@ -16,6 +16,8 @@ import gevent
 import gevent.pool
 from gevent.event import Event
 
+from lib.deadline import Deadline, Expired
+
 # Seconds a lingering greenlet waits for the next ask before it ends.
 LINGER = 1.0
 
@@ -35,6 +37,8 @@ class Lingering:
         self._greenlet: gevent.Greenlet | None = None
         self._asked = Event()
         self._closed = False
+        # The linger, restarted on every ask (lib/deadline.py).
+        self._linger = Deadline(LINGER)
 
     def ask(self) -> None:
         """Have work() run on the hub's next turn (asks made in this one share the run)."""
@@ -54,7 +58,12 @@ class Lingering:
             self._work()
             self._asked.clear()
             if not self._closed:
-                self._asked.wait(LINGER)
+                self._linger.seconds = LINGER
+                try:
+                    with self._linger:
+                        self._asked.wait()
+                except Expired:
+                    pass  # nothing came
             # No switch between this last look and the greenlet's end, so an
             # ask is never left with no greenlet to do it.
             if not self._pending():

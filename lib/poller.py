@@ -21,6 +21,7 @@ from lib import status as st
 from lib import tally
 from lib.commit import committer
 from lib.db import DB, is_conn_failure, is_data_error, is_database_error, is_server_error, is_unique_violation
+from lib.deadline import Deadline
 from lib.errors import Outage, capture, configured_secrets, reporting, traceback_text
 from lib.insert import MAX_ARGS_BYTES, check_name
 from lib.leases import LeaseLost, Leases
@@ -212,6 +213,8 @@ class Poller:
         # A fault of the claim that is not a lost connection, once per run.
         self.claim_fault = Outage(f"queue={queue} claim")
         self._wakeups = [Event() for _ in range(concurrency)]
+        # Each slot's limit on its handler, restarted for every job.
+        self._deadlines: dict[int, Deadline] = {}
 
     @property
     def worker_id(self) -> str:
@@ -510,12 +513,15 @@ class Poller:
         if handler is None:
             return UnknownJob(f"unknown job {job.name!r} for queue {self.queue}")
         self._dispatching[slot] = (job, gevent.getcurrent())
+        deadline = self._deadlines.get(slot)
+        if deadline is None:
+            deadline = self._deadlines[slot] = Deadline(self.job_timeout, self._timed_out)
         try:
-            with gevent.Timeout(self.job_timeout, JobTimeout(f"timed out after {self.job_timeout:g}s")):
+            with deadline:
                 result = handler(job)
         except _NOT_THE_JOBS:
             raise
-        except BaseException as exc:  # gevent.Timeout and any other BaseException are the job's fault
+        except BaseException as exc:  # a gevent.Timeout of its own and any other BaseException are the job's fault
             return exc
         finally:
             self._dispatching.pop(slot, None)
@@ -529,6 +535,9 @@ class Poller:
             # A fault recorded without an exception would reach nobody.
             return BadStatus(f"handler returned {result!r:.100}; a fault must be raised")
         return st.clean(result)
+
+    def _timed_out(self) -> JobTimeout:
+        return JobTimeout(f"timed out after {self.job_timeout:g}s")
 
     def _outcome(self, job: PendingJob, result: str | BaseException) -> Outcome:
         if isinstance(result, str):

@@ -1,0 +1,89 @@
+"""lib/deadline.py: one timer restarted for each block, and the group
+commit's round trip that outlives its deadline."""
+
+import time
+
+import gevent
+import psycopg2
+import pytest
+from tests_support import wait_for, waiting_on
+
+from lib.commit import Committer
+from lib.db import NoReply
+from lib.deadline import Deadline, Expired
+from lib.insert import insert
+from lib.poller import Outcome, Poller
+
+
+def test_each_block_gets_the_full_time_and_a_long_one_is_cut_there():
+    """A libev timer stopped and started again keeps what was left of its
+    first deadline; the Deadline's counts each block's full time afresh."""
+    deadline = Deadline(0.5)
+    for _ in range(3):
+        with deadline:
+            gevent.sleep(0.3)
+    began = time.monotonic()
+    with pytest.raises(Expired), deadline:
+        gevent.sleep(5)
+    assert 0.45 <= time.monotonic() - began < 2.5
+    # And once more after a block it cut.
+    with deadline:
+        gevent.sleep(0.3)
+
+
+def test_the_error_is_made_at_expiry_where_the_block_waited():
+    made = []
+
+    def error():
+        made.append(1)
+        return LookupError("late")
+
+    deadline = Deadline(0.05, error)
+    with deadline:
+        pass
+    assert made == []
+
+    def waits_here():
+        gevent.sleep(5)
+
+    with pytest.raises(LookupError) as raised, deadline:
+        waits_here()
+    assert made == [1]
+    assert any(entry.name == "waits_here" for entry in raised.traceback)
+
+
+def test_a_block_entered_again_before_it_ended_is_refused():
+    deadline = Deadline(1)
+    with deadline, pytest.raises(RuntimeError), deadline:
+        pass
+
+
+def test_a_round_trip_past_the_committers_deadline_has_no_reply_and_the_next_one_goes(db, database_url):
+    """An outcome that waits on a row another transaction holds, past the
+    committer's deadline: NoReply, with the server process that ran it noted
+    for settling; the connection is not used again, and the next batch gets
+    the deadline's full time."""
+    poller = Poller("late", db, {"late.N": lambda job: "ok"})
+    insert(db, "late", "late.N")
+    job = poller.claim()
+    assert job is not None
+    commit = Committer(db, timeout=0.5)
+    holder = psycopg2.connect(database_url)
+    try:
+        with holder.cursor() as cur:
+            cur.execute("SELECT 1 FROM jobs WHERE id = %s FOR UPDATE", (job.id,))
+        began = time.monotonic()
+        with gevent.Timeout(10), pytest.raises(NoReply, match=r"no answer within 0\.5s") as raised:
+            commit.send(poller._outcome_params(job, Outcome("ok"), 0.0), None)
+        assert 0.45 <= time.monotonic() - began < 5
+        stuck = raised.value.backend_pid
+        assert stuck and db.query_row("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (stuck,)) == (1,)
+        db.settle(raised.value)
+        wait_for(lambda: not waiting_on(db, "transactionid"), timeout=10)
+    finally:
+        holder.rollback()
+        holder.close()
+    # The cut batch's connection was not kept: the next batches go on a fresh one.
+    for _ in range(3):
+        assert commit.send(None, poller._claim_params(None, 1)).row is not None
+    assert db.query_row("SELECT status FROM jobs WHERE id = %s", (job.id,)) == ("started",)
