@@ -183,6 +183,9 @@ def array_literal(values: list[Any]) -> str:
 
 
 def _element(value: Any) -> str:
+    kind = type(value)
+    if kind is int or kind is float:  # most of a batch's values, and the cheapest test
+        return repr(value)  # float8in reads inf and nan too
     if value is None:
         return "NULL"
     if isinstance(value, str):
