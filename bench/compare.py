@@ -19,8 +19,9 @@ Workloads (no-op jobs, --jobs of them), each run by every side in turn:
      (bench/step_cost.py: jobs_step_one from a plain psycopg2 loop, no
      worker), which bounds what any worker around that statement can reach;
   2. one queue at each of --concurrencies, the best reported;
-  3. --jobs over 40 queues, one job at a time each: jobs/s, database
-     transactions per job, and the connections held at peak (workload 7);
+  3. --jobs over 40 queues, one job at a time each, in --rounds rounds as
+     workload 1, the median run reported: jobs/s, database transactions per
+     job, and the connections held at peak (workload 7);
   4. commit-to-start latency while idle: another process enqueues one job per
      commit, with a pause between;
   5. enqueue: one job per transaction, and batches of 1,000;
@@ -525,6 +526,7 @@ class SideResult:
     idle: Idle | None = None  # workload 6
     step_alone: float | None = None  # workload 1, ours only: serial steps a second with no worker
     serial_rounds: list[Throughput] = field(default_factory=list)  # workload 1, each round; one_queue is the median
+    many_queues_rounds: list[Throughput] = field(default_factory=list)  # workload 3, each round; many_queues the median
     step_alone_rounds: list[float] = field(default_factory=list)
 
     def best(self) -> Throughput | None:
@@ -540,25 +542,34 @@ def version(name: str) -> str:
     return importlib.metadata.version(name)
 
 
-def run_serial_rounds(
-    sides: dict[str, Side], results: dict[str, SideResult], server: Server, args: argparse.Namespace
+def run_rounds(
+    workload: str, sides: dict[str, Side], results: dict[str, SideResult], server: Server, args: argparse.Namespace
 ) -> None:
-    """Workload 1 in --rounds rounds, the sides taking turns within each round
-    and going first in turn, so a drift of the machine's commit cost over the
-    run (a shared disk's) falls on every side alike; each side's reported run
-    is its median."""
+    """Workload 1 or 3 in --rounds rounds, the sides taking turns within each
+    round and going first in turn, so a drift of the machine's commit cost
+    over the run (a shared disk's) falls on every side alike; each side's
+    reported run is its median. A run of 5,000 jobs lasts a few seconds, or
+    about one on 40 queues, so one run alone moves with whatever else the
+    machine is doing in those seconds."""
+    serial = workload == "1"
+    queues = ["q00"] if serial else [f"q{i:02d}" for i in range(MANY_QUEUES)]
+    what = "one queue, one at a time" if serial else f"over {MANY_QUEUES} queues, one at a time each"
     names = list(sides)
     for turn in range(args.rounds):
         for name in names[turn % len(names) :] + names[: turn % len(names)]:
-            say(name, f"workload 1, round {turn + 1} of {args.rounds}: {args.jobs} jobs, one queue, one at a time")
-            results[name].serial_rounds.append(measure_throughput(sides[name], server, ["q00"], args.jobs, 1))
-            if name == "ours":
+            say(name, f"workload {workload}, round {turn + 1} of {args.rounds}: {args.jobs} jobs {what}")
+            run = measure_throughput(sides[name], server, queues, args.jobs, 1)
+            (results[name].serial_rounds if serial else results[name].many_queues_rounds).append(run)
+            if serial and name == "ours":
                 say(name, "workload 1: the serial step alone, no worker")
                 results[name].step_alone_rounds.append(measure_step_alone(server))
     for result in results.values():
-        result.one_queue = median_run(result.serial_rounds)
-        if result.step_alone_rounds:
-            result.step_alone = statistics.median(result.step_alone_rounds)
+        if serial:
+            result.one_queue = median_run(result.serial_rounds)
+            if result.step_alone_rounds:
+                result.step_alone = statistics.median(result.step_alone_rounds)
+        else:
+            result.many_queues = median_run(result.many_queues_rounds)
 
 
 def median_run(runs: list[Throughput]) -> Throughput:
@@ -574,7 +585,7 @@ def say(name: str, what: str) -> None:
 def run_workload(
     name: str, side: Side, workload: str, result: SideResult, server: Server, args: argparse.Namespace
 ) -> None:
-    """One of workloads 2-6 for one side (workload 1 runs in rounds)."""
+    """One of workloads 2, 4, 5 and 6 for one side (1 and 3 run in rounds)."""
     if workload == "2":
         for concurrency in args.concurrencies:
             if concurrency == 1:
@@ -582,10 +593,6 @@ def run_workload(
                 continue
             say(name, f"workload 2: {args.jobs} jobs, one queue, concurrency {concurrency}")
             result.concurrency.append(measure_throughput(side, server, ["q00"], args.jobs, concurrency))
-    elif workload == "3":
-        say(name, f"workload 3: {args.jobs} jobs over {MANY_QUEUES} queues, one at a time each")
-        queues = [f"q{i:02d}" for i in range(MANY_QUEUES)]
-        result.many_queues = measure_throughput(side, server, queues, args.jobs, 1)
     elif workload == "4":
         say(name, f"workload 4: commit-to-start latency, {args.samples} jobs one per commit")
         result.latency = measure_latency(side, server, args.samples)
@@ -603,8 +610,11 @@ def run_all(server: Server, args: argparse.Namespace) -> dict[str, SideResult]:
     sides = {name: make_side(name) for name in args.sides}
     results = {name: SideResult(name, version(name), side.settings) for name, side in sides.items()}
     if "1" in args.workloads or "2" in args.workloads:
-        run_serial_rounds(sides, results, server, args)
+        run_rounds("1", sides, results, server, args)
     for workload in sorted(set(args.workloads) - {"1"}):
+        if workload == "3":
+            run_rounds("3", sides, results, server, args)
+            continue
         for name, side in sides.items():
             run_workload(name, side, workload, results[name], server, args)
     return results
@@ -719,7 +729,8 @@ def print_table(result: dict[str, Any], rows: list[Row]) -> None:
         # Every serial round, not only the median one shown: a round cut short
         # moves the median too.
         runs = [(f"one_queue round {n}", run) for n, run in enumerate(side.get("serial_rounds") or [], 1)]
-        for key, run in [*runs, ("many_queues", side.get("many_queues"))]:
+        runs += [(f"many_queues round {n}", run) for n, run in enumerate(side.get("many_queues_rounds") or [], 1)]
+        for key, run in runs:
             if run and not run["complete"]:
                 print(f"  INCOMPLETE {name} {key}: {run['done']}/{run['jobs']} done, {run['error']}")
         latency = side.get("latency")
@@ -745,15 +756,21 @@ def print_step_alone(result: dict[str, Any], rows: list[Row]) -> None:
 
 
 def print_rounds(result: dict[str, Any]) -> None:
-    """Workload 1's rounds, each ours over the better peer of that round: how
-    far the median's ratio could move between runs."""
-    rates = {name: [run["jobs_per_s"] for run in side["serial_rounds"]] for name, side in result["sides"].items()}
-    ours, peers = rates.get("ours"), [rates[p] for p in PEERS if rates.get(p)]
-    if not ours or len(ours) < 2 or not peers:
-        return
-    better = [max(peer[turn] for peer in peers) for turn in range(len(ours))]
-    each = ", ".join(f"{rate / peer:.2f}" if peer else "-" for rate, peer in zip(ours, better, strict=True))
-    print(f"  1 queue, 1 at a time, round by round, ours over the better peer: {each}")
+    """Workloads 1's and 3's rounds, each ours over the peer of that round its
+    row compares with (the better peer; PGQueuer for 40 queues, as the
+    targets are set): how far the median's ratio could move between runs."""
+    for key, label, against in (
+        ("serial_rounds", "1 queue, 1 at a time", PEERS),
+        ("many_queues_rounds", f"{MANY_QUEUES} queues, 1 at a time each", ("pgqueuer",)),
+    ):
+        rates = {name: [run["jobs_per_s"] for run in side.get(key) or []] for name, side in result["sides"].items()}
+        ours, peers = rates.get("ours"), [rates[p] for p in against if rates.get(p)]
+        if not ours or len(ours) < 2 or not peers:
+            continue
+        better = [max(peer[turn] for peer in peers) for turn in range(len(ours))]
+        each = ", ".join(f"{rate / peer:.2f}" if peer else "-" for rate, peer in zip(ours, better, strict=True))
+        peer = "the better peer" if len(against) > 1 else "PGQueuer"
+        print(f"  {label}, round by round, ours over {peer}: {each}")
 
 
 # ---------------------------------------------------------------- main
@@ -769,7 +786,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--idle-seconds", type=float, help="workload 6's window (default 60; quick 20)")
     parser.add_argument("--settle", type=float, help="workload 6: seconds before the window (default 30; quick 15)")
     parser.add_argument("--pgbench-seconds", type=int, help="commit-rate run (default 10; quick 5)")
-    parser.add_argument("--rounds", type=int, help="workload 1's rounds, each side once a round (default 3; quick 1)")
+    parser.add_argument(
+        "--rounds", type=int, help="workloads 1 and 3: rounds, each side once a round (default 3; quick 1)"
+    )
     parser.add_argument("--quick", action="store_true", help="a sanity run: smaller numbers, shorter windows")
     args = parser.parse_args(argv)
     quick = args.quick
