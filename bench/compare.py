@@ -24,7 +24,8 @@ Workloads (no-op jobs, --jobs of them), each run by every side in turn:
      job, and the connections held at peak (workload 7);
   4. commit-to-start latency while idle: another process enqueues one job per
      commit, with a pause between;
-  5. enqueue: one job per transaction, and batches of 1,000;
+  5. enqueue: one job per transaction, and batches of 1,000, in --rounds
+     rounds as workload 1, each rate's median reported;
   6. an idle 40-queue worker: transactions a minute, connections, RSS.
 """
 
@@ -527,6 +528,7 @@ class SideResult:
     step_alone: float | None = None  # workload 1, ours only: serial steps a second with no worker
     serial_rounds: list[Throughput] = field(default_factory=list)  # workload 1, each round; one_queue is the median
     many_queues_rounds: list[Throughput] = field(default_factory=list)  # workload 3, each round; many_queues the median
+    enqueue_rounds: list[Enqueue] = field(default_factory=list)  # workload 5, each round; enqueue the medians
     step_alone_rounds: list[float] = field(default_factory=list)
 
     def best(self) -> Throughput | None:
@@ -542,34 +544,51 @@ def version(name: str) -> str:
     return importlib.metadata.version(name)
 
 
+# The workloads run in rounds, and what a round of each is.
+ROUNDS = {
+    "1": "one queue, one at a time",
+    "3": f"over {MANY_QUEUES} queues, one at a time each",
+    "5": f"enqueued one per transaction, then in batches of {ENQUEUE_BATCH}",
+}
+
+
 def run_rounds(
     workload: str, sides: dict[str, Side], results: dict[str, SideResult], server: Server, args: argparse.Namespace
 ) -> None:
-    """Workload 1 or 3 in --rounds rounds, the sides taking turns within each
-    round and going first in turn, so a drift of the machine's commit cost
-    over the run (a shared disk's) falls on every side alike; each side's
-    reported run is its median. A run of 5,000 jobs lasts a few seconds, or
-    about one on 40 queues, so one run alone moves with whatever else the
-    machine is doing in those seconds."""
-    serial = workload == "1"
-    queues = ["q00"] if serial else [f"q{i:02d}" for i in range(MANY_QUEUES)]
-    what = "one queue, one at a time" if serial else f"over {MANY_QUEUES} queues, one at a time each"
+    """Workload 1, 3 or 5 in --rounds rounds, the sides taking turns within
+    each round and going first in turn, so a drift of the machine's commit
+    cost over the run (a shared disk's) falls on every side alike; each
+    side's reported run is its median. A run of 5,000 jobs lasts a few
+    seconds, or about one on 40 queues, so one run alone moves with whatever
+    else the machine is doing in those seconds."""
     names = list(sides)
     for turn in range(args.rounds):
         for name in names[turn % len(names) :] + names[: turn % len(names)]:
-            say(name, f"workload {workload}, round {turn + 1} of {args.rounds}: {args.jobs} jobs {what}")
-            run = measure_throughput(sides[name], server, queues, args.jobs, 1)
-            (results[name].serial_rounds if serial else results[name].many_queues_rounds).append(run)
-            if serial and name == "ours":
-                say(name, "workload 1: the serial step alone, no worker")
-                results[name].step_alone_rounds.append(measure_step_alone(server))
+            say(name, f"workload {workload}, round {turn + 1} of {args.rounds}: {args.jobs} jobs {ROUNDS[workload]}")
+            result, side = results[name], sides[name]
+            if workload == "1":
+                result.serial_rounds.append(measure_throughput(side, server, ["q00"], args.jobs, 1))
+                if name == "ours":
+                    say(name, "workload 1: the serial step alone, no worker")
+                    result.step_alone_rounds.append(measure_step_alone(server))
+            elif workload == "3":
+                queues = [f"q{i:02d}" for i in range(MANY_QUEUES)]
+                result.many_queues_rounds.append(measure_throughput(side, server, queues, args.jobs, 1))
+            else:
+                result.enqueue_rounds.append(measure_enqueue(side, server, args.jobs))
     for result in results.values():
-        if serial:
+        if workload == "1":
             result.one_queue = median_run(result.serial_rounds)
             if result.step_alone_rounds:
                 result.step_alone = statistics.median(result.step_alone_rounds)
-        else:
+        elif workload == "3":
             result.many_queues = median_run(result.many_queues_rounds)
+        else:
+            # The two rates are measured apart, one after the other: each its own median.
+            runs = result.enqueue_rounds
+            single = statistics.median_low([run.single_per_s for run in runs])
+            batch = statistics.median_low([run.batch_per_s for run in runs])
+            result.enqueue = Enqueue(runs[0].jobs, single, batch)
 
 
 def median_run(runs: list[Throughput]) -> Throughput:
@@ -585,7 +604,7 @@ def say(name: str, what: str) -> None:
 def run_workload(
     name: str, side: Side, workload: str, result: SideResult, server: Server, args: argparse.Namespace
 ) -> None:
-    """One of workloads 2, 4, 5 and 6 for one side (1 and 3 run in rounds)."""
+    """Workload 2, 4 or 6 for one side (1, 3 and 5 run in rounds)."""
     if workload == "2":
         for concurrency in args.concurrencies:
             if concurrency == 1:
@@ -596,9 +615,6 @@ def run_workload(
     elif workload == "4":
         say(name, f"workload 4: commit-to-start latency, {args.samples} jobs one per commit")
         result.latency = measure_latency(side, server, args.samples)
-    elif workload == "5":
-        say(name, f"workload 5: enqueue {args.jobs} one per transaction, then in batches of {ENQUEUE_BATCH}")
-        result.enqueue = measure_enqueue(side, server, args.jobs)
     elif workload == "6":
         say(name, f"workload 6: idle {MANY_QUEUES}-queue worker, {args.idle_seconds:g} s window")
         result.idle = measure_idle(side, server, args.idle_seconds, args.settle)
@@ -612,8 +628,8 @@ def run_all(server: Server, args: argparse.Namespace) -> dict[str, SideResult]:
     if "1" in args.workloads or "2" in args.workloads:
         run_rounds("1", sides, results, server, args)
     for workload in sorted(set(args.workloads) - {"1"}):
-        if workload == "3":
-            run_rounds("3", sides, results, server, args)
+        if workload in ROUNDS:
+            run_rounds(workload, sides, results, server, args)
             continue
         for name, side in sides.items():
             run_workload(name, side, workload, results[name], server, args)
@@ -756,19 +772,22 @@ def print_step_alone(result: dict[str, Any], rows: list[Row]) -> None:
 
 
 def print_rounds(result: dict[str, Any]) -> None:
-    """Workloads 1's and 3's rounds, each ours over the peer of that round its
-    row compares with (the better peer; PGQueuer for 40 queues, as the
-    targets are set): how far the median's ratio could move between runs."""
-    for key, label, against in (
-        ("serial_rounds", "1 queue, 1 at a time", PEERS),
-        ("many_queues_rounds", f"{MANY_QUEUES} queues, 1 at a time each", ("pgqueuer",)),
+    """The rounds of workloads 1, 3 and 5, each ours over the peer of that
+    round its row compares with (the better peer; PGQueuer for 40 queues and
+    for enqueuing, as the targets are set): how far the median's ratio could
+    move between runs."""
+    for key, rate, label, against in (
+        ("serial_rounds", "jobs_per_s", "1 queue, 1 at a time", PEERS),
+        ("many_queues_rounds", "jobs_per_s", f"{MANY_QUEUES} queues, 1 at a time each", ("pgqueuer",)),
+        ("enqueue_rounds", "single_per_s", "enqueue, 1 per commit", ("pgqueuer",)),
+        ("enqueue_rounds", "batch_per_s", f"enqueue, {ENQUEUE_BATCH} per commit", ("pgqueuer",)),
     ):
-        rates = {name: [run["jobs_per_s"] for run in side.get(key) or []] for name, side in result["sides"].items()}
+        rates = {name: [run[rate] for run in side.get(key) or []] for name, side in result["sides"].items()}
         ours, peers = rates.get("ours"), [rates[p] for p in against if rates.get(p)]
         if not ours or len(ours) < 2 or not peers:
             continue
         better = [max(peer[turn] for peer in peers) for turn in range(len(ours))]
-        each = ", ".join(f"{rate / peer:.2f}" if peer else "-" for rate, peer in zip(ours, better, strict=True))
+        each = ", ".join(f"{mine / peer:.2f}" if peer else "-" for mine, peer in zip(ours, better, strict=True))
         peer = "the better peer" if len(against) > 1 else "PGQueuer"
         print(f"  {label}, round by round, ours over {peer}: {each}")
 
@@ -787,7 +806,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--settle", type=float, help="workload 6: seconds before the window (default 30; quick 15)")
     parser.add_argument("--pgbench-seconds", type=int, help="commit-rate run (default 10; quick 5)")
     parser.add_argument(
-        "--rounds", type=int, help="workloads 1 and 3: rounds, each side once a round (default 3; quick 1)"
+        "--rounds", type=int, help="workloads 1, 3 and 5: rounds, each side once a round (default 3; quick 1)"
     )
     parser.add_argument("--quick", action="store_true", help="a sanity run: smaller numbers, shorter windows")
     args = parser.parse_args(argv)
