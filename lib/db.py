@@ -241,9 +241,10 @@ def _literal(value: Any) -> bytes | None:
     the worker's own statements carry on every job (ids, counts, seconds, a
     queue, a worker id, a plain status); None for any other value, and the
     driver then binds them all. The driver finds an adapter for each value
-    through its registry, a fifth of the worker's Python on a serial job; a
-    string that needs quoting or escaping, or a value of any other type, is
-    still the driver's to write."""
+    through its registry: about 19 us for a serial step's 15 values on a
+    2 GHz core, several times what writing them here takes. A string that
+    needs quoting or escaping, or a value of any other type, is still the
+    driver's to write."""
     kind = type(value)
     if value is None:
         return b"NULL"
