@@ -245,7 +245,9 @@ def run(
         gevent.signal_handler(signum, stop.set)
     blocked.watch(leases.lease / 3)
 
-    helpers = [supervisor.spawn("leases", leases.run)]
+    # Apart, so that no database call, lock or stalled link stands between the
+    # fence and a handler that must stop.
+    helpers = [supervisor.spawn("leases", leases.run), supervisor.spawn("rescue", leases.run_rescue)]
     if listener is not None:
         helpers.append(supervisor.spawn("listener", listener.run))
     if schedule:

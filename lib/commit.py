@@ -29,7 +29,7 @@ from typing import Any
 
 from gevent.event import AsyncResult
 
-from lib.db import DB, NoReply, Row, is_server_error
+from lib.db import DB, NoReply, Row, Unsendable, is_server_error
 from lib.deadline import Deadline, Expired
 from lib.lingering import Lingering
 from lib.sql import Q
@@ -45,6 +45,9 @@ TIMEOUT = 30.0
 class Reply:
     written: bool  # whether the outcome sent was written (False also when none was sent)
     row: Row | None  # the claim's answer in job_claim's columns; None when no claim was sent
+    # The outcome is still this claim's but was not written: another transaction
+    # holds its row, or its queue's turn. The asker sends it again.
+    held: bool = False
 
 
 @dataclass
@@ -109,11 +112,12 @@ class Committer:
         try:
             rows = self._round_trip(asks)
         except Exception as exc:
-            if len(asks) > 1 and (is_server_error(exc) or isinstance(exc, ValueError)):
+            if len(asks) > 1 and (is_server_error(exc) or isinstance(exc, Unsendable)):
                 # The server refused the batch for one ask's sake (a value it
-                # cannot store, a row it cannot claim), or the driver could
-                # not send one of its values (a NUL character): nothing
-                # committed, and each goes again alone, so only that one fails.
+                # cannot store, a row it cannot claim), or the batch could not
+                # be built or bound for one of its values (a NUL character, a
+                # type no column takes): nothing committed, and each goes
+                # again alone, so only that one fails.
                 for ask in asks:
                     self._commit([ask])
                 return
@@ -134,7 +138,10 @@ class Committer:
     def _round_trip(self, asks: list[Ask]) -> list[Row]:
         self.batches += 1
         self.asks += len(asks)
-        sql, params = lone_step(asks[0]) if len(asks) == 1 else batch_step(asks)
+        try:
+            sql, params = lone_step(asks[0]) if len(asks) == 1 else batch_step(asks)
+        except Exception as exc:
+            raise Unsendable(f"the batch cannot be built: {type(exc).__name__}: {exc}") from exc
         self._deadline.seconds = self.timeout
         try:
             with self._deadline:
@@ -191,9 +198,14 @@ def _element(value: Any) -> str:
     if isinstance(value, str):
         # Quoted, so "NULL", commas and braces stay text; inside, backslash and double quote are escaped.
         return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"no array element for {type(value).__name__}")
-    return repr(value)  # float8in reads inf and nan too
+    if isinstance(value, bool):
+        raise TypeError("no array element for bool")
+    # Subclasses (an IntEnum, numpy's float64) as the plain number they are: their repr may be another text.
+    if isinstance(value, int):
+        return repr(int(value))
+    if isinstance(value, float):
+        return repr(float(value))
+    raise TypeError(f"no array element for {type(value).__name__}")
 
 
 class _Answers:
@@ -202,7 +214,9 @@ class _Answers:
     claimed nothing, its wait (queue and worker, no slot)."""
 
     def __init__(self, rows: list[Row]) -> None:
-        self.written = {row[2] for row in rows if row[0] is None}
+        # An outcome's row with a wait was held back, not written.
+        self.written = {row[2] for row in rows if row[0] is None and row[9] is None}
+        self.held = {row[2] for row in rows if row[0] is None and row[9] is not None}
         self.claimed: dict[tuple[Any, Any, Any], Row] = {}
         self.waits: dict[tuple[Any, Any], Row] = {}
         for row in rows:
@@ -215,11 +229,12 @@ class _Answers:
 
     def reply(self, ask: Ask) -> Reply:
         written = ask.outcome is not None and ask.outcome["id"] in self.written
+        held = ask.outcome is not None and ask.outcome["id"] in self.held
         if ask.claim is None:
-            return Reply(written, None)
+            return Reply(written, None, held)
         queue, worker = ask.claim["queue"], ask.claim["worker_id"]
         row = self.claimed.get((queue, worker, ask.claim["slot"]))
-        return Reply(written, row if row is not None else self.waits.get((queue, worker)))
+        return Reply(written, row if row is not None else self.waits.get((queue, worker)), held)
 
 
 _committers: weakref.WeakKeyDictionary[DB, Committer] = weakref.WeakKeyDictionary()

@@ -43,6 +43,11 @@ class PoolTimeout(Exception):
     """Every connection stayed checked out for the whole checkout timeout."""
 
 
+class Unsendable(ValueError):
+    """A statement could not be built or bound from its values (a NUL
+    character, a type the driver cannot adapt): nothing was sent."""
+
+
 class NoReply(Exception):
     """A statement got no answer in time: what it did on the server is not
     known until settled (DB.settle, with the backend_pid noted on it)."""
@@ -113,15 +118,41 @@ def _thread_aware(green: Any, hub_thread: int, monkey: Any) -> Any:
         if get_ident() == hub_thread:
             green(conn, timeout)
             return
+        # A native thread has no gevent.Timeout: a DeadlineConnection carries its own.
+        deadline = getattr(conn, "deadline", None)
         while (state := conn.poll()) != psycopg2.extensions.POLL_OK:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise psycopg2.OperationalError("no answer from the server in time")
             if state == psycopg2.extensions.POLL_READ:
-                native_select([conn.fileno()], [], [], timeout)
+                native_select([conn.fileno()], [], [], left)
             elif state == psycopg2.extensions.POLL_WRITE:
-                native_select([], [conn.fileno()], [], timeout)
+                native_select([], [conn.fileno()], [], left)
             else:
                 raise psycopg2.OperationalError(f"bad result from poll: {state!r}")
 
     return wait
+
+
+class DeadlineConnection(psycopg2.extensions.connection):
+    """A connection for a native thread, whose every wait on the server ends by
+    `deadline` (a monotonic time, moved on by its user before each round
+    trip): a link that stalls without closing raises OperationalError then,
+    where a socket with no timeout would wait for ever."""
+
+    deadline: float | None = None
+
+
+def deadline_connection(first: float) -> type[DeadlineConnection]:
+    """A DeadlineConnection class whose connect must be done by `first`. The
+    deadline is kept by the wait callback a DB installs from the hub's thread."""
+
+    class Connecting(DeadlineConnection):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            self.deadline = first
+            super().__init__(*args, **kwargs)
+
+    return Connecting
 
 
 def _semaphore(value: int) -> Any:
@@ -222,18 +253,28 @@ def _bind(cur: psycopg2.extensions.cursor, sql: str, params: Params, prepare: bo
     running them."""
     stmt = STATEMENTS.get(sql) if prepare and (params is None or isinstance(params, dict)) else None
     if stmt is None:
-        return cur.mogrify(sql, params)
+        return _mogrify(cur, sql, params)
     done = _prepared.setdefault(cur.connection, set())
     if stmt.name not in done:
         cur.execute(stmt.prepare)
         done.add(stmt.name)
     if not params:
-        return cur.mogrify(stmt.execute, None)
+        return _mogrify(cur, stmt.execute, None)
     values = [params[name] for name in stmt.params]
     literals = [_literal(value) for value in values]
     if None in literals:
-        return cur.mogrify(stmt.execute, values)
+        return _mogrify(cur, stmt.execute, values)
     return stmt.template % tuple(literals)
+
+
+def _mogrify(cur: psycopg2.extensions.cursor, sql: str, params: Params) -> bytes:
+    """cur.mogrify, its refusal of a value raised as Unsendable: it sends nothing."""
+    try:
+        return cur.mogrify(sql, params)
+    except (ValueError, TypeError, psycopg2.ProgrammingError) as exc:
+        if isinstance(exc, psycopg2.Error) and exc.pgcode is not None:
+            raise
+        raise Unsendable(f"{type(exc).__name__}: {exc}") from exc
 
 
 def _literal(value: Any) -> bytes | None:

@@ -24,6 +24,9 @@ from lib.sql import ROOT, Q
 # blob belongs in a table the handler reads. Postgres would take far more, but
 # every claim would then drag it through the worker.
 MAX_ARGS_BYTES = 256 * 1024
+# Queue and job names are indexed together (jobs_failed_queue); a btree entry
+# holds at most 2,704 bytes, and two names of 200 characters are at most 1,600 bytes of UTF-8.
+MAX_NAME_CHARS = 200
 
 
 class InvalidJob(ValueError):
@@ -125,9 +128,13 @@ def encode_args(args: Any) -> str:
 def check_name(field: str, value: Any) -> str:
     """The one rule for a queue's or a job's name, wherever one is given (an
     insert, a schedule entry, a poller's queue and handlers): a non-empty
-    string without surrounding spaces, since rows are matched by exact name."""
+    string without surrounding spaces, since rows are matched by exact name,
+    of at most MAX_NAME_CHARS characters, so every index over names can hold
+    the row whatever status it ends in."""
     if not isinstance(value, str) or not value or value != value.strip():
-        raise InvalidJob(f"{field} must be a non-empty string without surrounding spaces, got {value!r}")
+        raise InvalidJob(f"{field} must be a non-empty string without surrounding spaces, got {value!r:.200}")
+    if len(value) > MAX_NAME_CHARS:
+        raise InvalidJob(f"{field} is {len(value)} characters; the limit is {MAX_NAME_CHARS}, got {value[:60]!r}...")
     return value
 
 

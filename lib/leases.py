@@ -10,7 +10,6 @@ lease lapse and have the job run a second time elsewhere while it still runs.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import socket
 import time
@@ -23,8 +22,17 @@ import gevent.monkey
 import psycopg2
 from gevent.event import Event
 
+from lib import status as st
 from lib import tally
-from lib.db import DB, connect_options, is_database_error
+from lib.db import (
+    DB,
+    DeadlineConnection,
+    NoReply,
+    connect_options,
+    deadline_connection,
+    is_database_error,
+    is_server_error,
+)
 from lib.errors import Outage, capture
 from lib.sql import Q
 
@@ -94,6 +102,14 @@ class Leases:
         # registry's refresh (lib/workers.py), passed in so this module does
         # not depend on it. One commit for both.
         self.seen: Callable[[Any], None] = lambda runner: None
+        # How long a rescue or a renewal may wait for the server: well inside
+        # the margin a fence leaves, so a renewal that cannot get through is
+        # given up on and tried again while the lease still holds.
+        self.round_trip = max(lease / 6, 0.5)
+        # A rescue is off the fence's path: it may take longer, but never for ever.
+        self.rescue_deadline = max(lease / 3, 2.0)
+        # Rows no rescue statement can write, left out of every later one.
+        self._unrescuable: set[int] = set()
 
     def hold(self, job_id: int, claimed_at: float, fence: Callable[[], None]) -> None:
         """Note a job claimed at claimed_at (monotonic, when the claim's reply
@@ -155,52 +171,119 @@ class Leases:
 
     def rescue(self, legacy_age: float | None = None) -> list[tuple[int, str, str, str]]:
         """Take back started rows whose lease ran out, never one this worker
-        still holds (it is running or finalizing it). In the same
-        transaction: seen(), and a wakeup for each queue a row came back to."""
+        still holds (it is running or finalizing it) nor one another
+        transaction holds. In the same transaction: seen(), and a wakeup for
+        each queue a row came back to. When the statement for all of them
+        fails on one row, each is taken alone, so one bad row never stops the
+        rescue of the others. Bounded by rescue_deadline: a rescue that gets
+        no answer gives up and is tried again at the next period."""
         age = self.legacy_age if legacy_age is None else legacy_age
-        params = {"legacy_age": age, "worker_id": self.worker_id, "held": self.held_ids()}
-        with self.db.transaction() as tx:
-            self.seen(tx)
-            rows = tx.query(Q.job_rescue, params)
-            for queue in sorted({r[1] for r in rows}):
-                # The lost worker held the queue's slot; whoever runs the queue may go on.
-                tx.exec(Q.queue_notify, {"queue": queue})
+        params = {
+            "legacy_age": age,
+            "worker_id": self.worker_id,
+            "held": self.held_ids(),
+            "skip": sorted(self._unrescuable),
+            "only": None,
+        }
+        with gevent.Timeout(self.rescue_deadline):
+            try:
+                rows = self._rescue(params, seen=True)
+            except Exception as exc:
+                if not is_server_error(exc):
+                    raise
+                rows = self._rescue_each(params, exc)
         for job_id, queue, name, status in rows:
             log.warning("queue=%s job=%s id=%d rescued from a lost worker: %s", queue, name, job_id, status)
             tally.rescued(queue)
         return [(r[0], r[1], r[2], r[3]) for r in rows]
 
+    def _rescue(self, params: dict[str, Any], *, seen: bool) -> list[Any]:
+        with self.db.transaction() as tx:
+            # A table lock queued ahead (a schema change waiting on an open
+            # transaction) is given up on in time, not waited out.
+            tx.exec(f"SET LOCAL lock_timeout = {int(self.rescue_deadline * 500)}")
+            if seen:
+                self.seen(tx)
+            rows = tx.query(Q.job_rescue, params)
+            for queue in sorted({r[1] for r in rows}):
+                # The lost worker held the queue's slot; whoever runs the queue may go on.
+                tx.exec(Q.queue_notify, {"queue": queue})
+        return rows
+
+    def _rescue_each(self, params: dict[str, Any], failed: BaseException) -> list[Any]:
+        """Each row alone, after the statement for all failed on one; a row
+        that cannot be rescued ends with a status that fits, saying why."""
+        log.warning("the rescue of all lost rows failed on one, rescuing each alone: %s", failed)
+        rows = []
+        with self.db.transaction() as tx:
+            self.seen(tx)  # the registry's refresh, which the failure rolled back
+        for (job_id,) in self.db.query(Q.job_rescue_candidates, params):
+            try:
+                rows += self._rescue({**params, "only": job_id}, seen=False)
+            except Exception as exc:
+                if not is_server_error(exc):
+                    raise
+                rows += self._end_refused(job_id, exc)
+        return rows
+
+    def _end_refused(self, job_id: int, exc: BaseException) -> list[Any]:
+        reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        status = st.fail(f"interrupted; no err: status can be stored for this row: {reason}")
+        try:
+            ended = self.db.query(Q.job_rescue_refused, {"id": job_id, "status": status})
+        except Exception as end_exc:
+            if not is_server_error(end_exc):
+                raise
+            # Left out of every later rescue of this process, and reported once.
+            self._unrescuable.add(job_id)
+            log.error("id=%d cannot be rescued, left started: %s", job_id, end_exc)
+            capture(end_exc, message="job cannot be rescued", job_id=job_id)
+            return []
+        log.error("id=%d could not be rescued as err: %s", job_id, reason)
+        capture(exc, message="job rescue refused", job_id=job_id)
+        return ended
+
     def run(self, stop: Event) -> None:
-        """Fence and rescue until stop is set, with the renewal thread beside.
-        The first rescue, at start, also takes every lease-less row: those
-        belong to the service this replaced."""
+        """Keep the leases of the jobs this process runs: the renewal thread
+        renews them, and this greenlet fences a job whose lease it could not
+        renew in time. The fence waits on nothing: no database call, no lock,
+        no link stands between it and a handler that must stop."""
         thread_stop: list[bool] = []
         _start_thread(self._renew_forever, (thread_stop,))
         try:
-            first = True
-            last_rescue = -math.inf
             while not stop.is_set():
                 self.fence_lapsed()
-                # The period is read each time round: a job claimed during an
-                # idle worker's long wait brings the next rescue closer.
-                if time.monotonic() >= last_rescue + self.rescue_period():
-                    try:
-                        self.rescue(0.0 if first else None)
-                        first = False
-                        self.outage.recovered()
-                    except Exception as exc:
-                        if not is_database_error(exc):
-                            raise  # a bug: the supervisor reports it and restarts this part
-                        self.outage.failed(exc)
-                    last_rescue = time.monotonic()
                 # Often enough that a fence comes before the lease lapses.
                 stop.wait(min(self.margin / 2, self.lease / 3))
         finally:
             thread_stop.append(True)
 
+    def run_rescue(self, stop: Event) -> None:
+        """Rescue until stop is set, every rescue_period. The first rescue, at
+        start, also takes every lease-less row: those predate leases."""
+        first = True
+        while not stop.is_set():
+            began = time.monotonic()
+            try:
+                self.rescue(0.0 if first else None)
+                first = False
+                self.outage.recovered()
+            except gevent.Timeout as exc:
+                self.outage.failed(NoReply(f"the rescue got no answer within {self.rescue_deadline:g}s: {exc}"))
+            except Exception as exc:
+                if not is_database_error(exc):
+                    raise  # a bug: the supervisor reports it and restarts this part
+                self.outage.failed(exc)
+            # The period is read each time round: a job claimed during an
+            # idle worker's long wait brings the next rescue closer.
+            while not stop.is_set() and time.monotonic() < began + self.rescue_period():
+                stop.wait(min(self.margin, began + self.rescue_period() - time.monotonic()))
+
     def _renew_forever(self, thread_stop: list[bool]) -> None:
         """The renewal thread: every third of a lease, renew what is held, on
-        a connection of its own (the pool belongs to the hub's thread)."""
+        a connection of its own (the pool belongs to the hub's thread). Each
+        round trip, the connect included, has round_trip to answer: a link
+        that stalls without closing is given up on and opened anew."""
         conn = None
         period = self.lease / 3
         while not thread_stop:
@@ -208,9 +291,9 @@ class Leases:
             try:
                 # Connected the first time a job is held: an idle worker holds no connection for it.
                 if self.held and (conn is None or conn.closed):
-                    conn = psycopg2.connect(self.db.dsn, **connect_options("jobs-leases", self.db.dsn, self.db.pooled))
-                    conn.autocommit = True
+                    conn = self._thread_connect()
                 if conn is not None:
+                    conn.deadline = time.monotonic() + self.round_trip
                     self.heartbeat(_Conn(conn))
                     self.outage.recovered()
             except Exception as exc:  # any failure is retried next period; the fence guards the jobs
@@ -221,6 +304,19 @@ class Leases:
             _thread_sleep(max(0.0, period - (time.monotonic() - began)))
         if conn is not None:
             conn.close()
+
+    def _thread_connect(self) -> DeadlineConnection:
+        options = connect_options("jobs-leases", self.db.dsn, self.db.pooled)
+        if "options" in options:
+            # The server gives up on a lock wait itself, before the thread gives up on the server.
+            options["options"] = f"-c lock_timeout={int(self.round_trip * 500)} {options['options']}"
+        conn = psycopg2.connect(
+            self.db.dsn,
+            connection_factory=deadline_connection(time.monotonic() + self.round_trip),
+            **options,
+        )
+        conn.autocommit = True
+        return conn
 
 
 class _Conn:

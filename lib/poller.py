@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,9 +20,9 @@ from greenlet import GreenletExit
 from lib import status as st
 from lib import tally
 from lib.commit import committer
-from lib.db import DB, is_conn_failure, is_data_error, is_database_error, is_server_error, is_unique_violation
+from lib.db import DB, Unsendable, is_data_error, is_database_error, is_server_error, is_unique_violation
 from lib.deadline import Deadline
-from lib.errors import Outage, capture, configured_secrets, reporting, traceback_text
+from lib.errors import Outage, capture, capture_message, configured_secrets, reporting, traceback_text
 from lib.insert import MAX_ARGS_BYTES, check_name
 from lib.leases import LeaseLost, Leases
 from lib.lingering import Lingering
@@ -34,6 +34,10 @@ from lib.sql import Q
 log = logging.getLogger("jobs")
 
 FINALIZE_TIMEOUT = 30.0
+# An outcome that could not be written is sent again after these waits
+# (doubling, with jitter), for as long as the job's lease holds.
+WRITE_RETRY_BASE = 0.05
+WRITE_RETRY_CAP = 1.0
 MAX_THROTTLE = 86400.0
 
 # Outcome writes run in greenlets of their own, so that killing a poller at the
@@ -589,8 +593,8 @@ class Poller:
                 reply = self.commit.send(params, self._claim_params(None, next_slot))
             except Exception as exc:
                 log.debug("queue=%s id=%d outcome and next claim together failed: %s", self.queue, job.id, exc)
-                # A ValueError is the driver refusing a value: nothing was sent.
-                if not is_server_error(exc) and not isinstance(exc, ValueError):
+                # Unsendable: nothing was sent.
+                if not is_server_error(exc) and not isinstance(exc, Unsendable):
                     # No answer: the server may have committed both, or may
                     # still, unless its process is ended first.
                     self._unsettled[next_slot] = exc
@@ -601,7 +605,12 @@ class Poller:
                 # Else a server error rolled both back (another row holding
                 # the slot refuses the claim, say): the outcome goes alone.
             else:
-                self._check_written(job, outcome, reply.written)
+                if reply.held:
+                    # The job's row (or its queue's turn) was held: the claim
+                    # found the slot still the job's. The outcome goes again, alone.
+                    self._write_alone(job, outcome, params)
+                else:
+                    self._check_written(job, outcome, reply.written)
                 return ClaimResult(*_claimed(reply.row))
         self._write_alone(job, outcome, params)
         return None
@@ -631,39 +640,59 @@ class Poller:
         }
 
     def _write_alone(self, job: PendingJob, outcome: Outcome, params: dict[str, Any]) -> None:
-        """The outcome by itself. Once more on a fresh connection when the
-        connection was lost: the update is safe to repeat whether or not the
-        first one reached the server, and the pool has discarded the
-        connection that failed. An outcome the server refuses (a value it
-        cannot store) is replaced by one saying so, so the row still ends."""
+        """The outcome by itself, sent again with backoff while the job's lease
+        holds: a lost connection, a server that does not answer, a row another
+        transaction holds each only delay the write. Safe to repeat whether or
+        not an earlier try reached the server: the update matches while the row
+        is this claim's or already holds this very outcome. Only a lease that
+        would lapse ends the tries: the row is then the rescue's. An outcome the
+        server refuses (a value it cannot store) is replaced by one saying so,
+        so the row still ends."""
         tags = {"queue": self.queue, "job": job.name, "job_id": job.id, "callsite": job.callsite}
-        replaced = False
-        for attempt in (1, 2):
+        replacements = _replacements(outcome)
+        retry = Backoff(base=WRITE_RETRY_BASE, cap=WRITE_RETRY_CAP)
+        until = time.monotonic() + self.lease  # a job the lease keeper does not hold: one lease from now
+        said = False
+        while True:
             try:
-                written = self.commit.send(params, None).written
+                reply = self.commit.send(params, None)
             except Exception as exc:
-                if attempt == 1 and is_conn_failure(exc):
-                    log.warning("queue=%s id=%d finalize lost its connection, once more: %s", self.queue, job.id, exc)
-                    continue
-                if attempt == 1 and not replaced and _refused_value(exc):
-                    replaced = True
-                    status = st.err(f"the outcome could not be stored: {type(exc).__name__}: {_first_line(exc)}")
-                    log.error("queue=%s id=%d %s (it was %r)", self.queue, job.id, status, outcome.status[:200])
-                    capture(exc, message="outcome refused", **tags)
-                    params = {
-                        **params,
-                        "status": status,
-                        "last_error": status,
-                        "retry_in": None,
-                        "last_traceback": None,
-                    }
-                    continue
-                log.error("queue=%s id=%d finalize failed, the row stays started: %s", self.queue, job.id, exc)
-                capture(exc, message="finalize job", **tags)
-                self._abandoned.add(job.id)
+                if _refused_value(exc):
+                    status = next(replacements, None)
+                    if status is not None:
+                        log.error("queue=%s id=%d %s (it was %r)", self.queue, job.id, status, outcome.status[:200])
+                        capture(exc, message="outcome refused", **tags)
+                        params = {**params, "status": status, "last_error": status, "retry_in": None}
+                        params["last_traceback"] = None
+                        continue
+                if is_server_error(exc) or _refused_value(exc):
+                    self._give_up(job, f"finalize failed, the row stays started: {exc}", exc, tags)
+                    return
+                why: BaseException | str = exc
+            else:
+                if not reply.held:
+                    self._check_written(job, outcome, reply.written)
+                    return
+                why = "its row is held by another transaction"
+            wait = retry.failed()
+            held = self.leases.held.get(job.id)
+            if time.monotonic() + wait >= (held.good_until if held is not None else until):
+                self._give_up(job, f"outcome not written before its lease would lapse ({why})", None, tags)
                 return
-            self._check_written(job, outcome, written)
-            return
+            if not said:
+                said = True
+                log.warning("queue=%s id=%d outcome not written yet, trying again: %s", self.queue, job.id, why)
+            gevent.sleep(wait)
+
+    def _give_up(self, job: PendingJob, why: str, exc: BaseException | None, tags: dict[str, Any]) -> None:
+        """The outcome cannot be written: the row stays started, and the rescue
+        takes it once its lease lapses."""
+        log.error("queue=%s id=%d %s", self.queue, job.id, why)
+        if exc is not None:
+            capture(exc, message="finalize job", **tags)
+        else:
+            capture_message(f"queue={self.queue} id={job.id} {why}", **tags)
+        self._abandoned.add(job.id)
 
     def _check_written(self, job: PendingJob, outcome: Outcome, written: bool) -> None:
         if not written:
@@ -707,6 +736,14 @@ class _Probe(Exception):
 
 def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+
+
+def _replacements(outcome: Outcome) -> Iterator[str]:
+    """Statuses to store, in turn, when the server refuses an outcome: one
+    that says so, and one no index of the row can refuse (an err: status is
+    indexed with the job's name, which may be too long to index)."""
+    yield st.err(f"the outcome could not be stored (it was {outcome.status[:100]!r})")
+    yield st.fail("the outcome could not be stored, nor an err: status for this row")
 
 
 def _refused_value(exc: BaseException) -> bool:

@@ -72,16 +72,20 @@ WHERE id = %(id)s AND worker_id = %(worker_id)s AND attempts = %(attempts)s AND 
 SELECT pg_notify('jobs', %(queue)s)
 
 -- name: job_heartbeat
--- Extend the lease of the rows this worker process is running now; the ids it still held.
+-- Extend the lease of the rows this worker process is running now; the ids it renewed. A row another transaction holds is passed over, not waited for: its lease alone goes unrenewed.
 UPDATE jobs SET lease_until = clock_timestamp() + make_interval(secs => %(lease)s)
-WHERE id = ANY(%(ids)s::bigint[]) AND status = 'started' AND worker_id = %(worker_id)s
+WHERE id IN (SELECT id FROM jobs
+             WHERE id = ANY(%(ids)s::bigint[]) AND status = 'started' AND worker_id = %(worker_id)s
+             FOR UPDATE SKIP LOCKED)
 RETURNING id
 
 -- name: job_rescue
 -- Take back started rows whose worker stopped renewing the lease: to pending when
 -- attempts remain (in their place in the queue: run_at is kept), else interrupted.
 -- Rows from before leases existed have no lease and are taken once older than
--- legacy_age seconds. Never a row the rescuing worker holds (runs or finalizes).
+-- legacy_age seconds. Never a row the rescuing worker holds (runs or finalizes),
+-- one another transaction holds (taken at a later rescue), or one of skip (a row
+-- this statement cannot write, ended alone by job_rescue_refused); with only, that row alone.
 UPDATE jobs
 SET status = CASE WHEN attempts < coalesce(max_attempts, 1) THEN 'pending'
                   ELSE 'err: interrupted' END,
@@ -90,12 +94,36 @@ SET status = CASE WHEN attempts < coalesce(max_attempts, 1) THEN 'pending'
     -- A pending row belongs to no worker: a late outcome of the lost one cannot match it.
     worker_id = CASE WHEN attempts < coalesce(max_attempts, 1) THEN NULL ELSE worker_id END,
     lease_until = NULL, slot = NULL
+WHERE id IN (
+  SELECT id FROM jobs
+  WHERE status = 'started'
+    AND id = coalesce(%(only)s::bigint, id)
+    AND NOT (id = ANY(%(skip)s::bigint[]))
+    AND NOT (worker_id IS NOT DISTINCT FROM %(worker_id)s AND id = ANY(%(held)s::bigint[]))
+    AND (lease_until < now()
+         OR (lease_until IS NULL
+             AND (started_at IS NULL
+                  OR started_at < now() - make_interval(secs => %(legacy_age)s))))
+  FOR UPDATE SKIP LOCKED)
+RETURNING id, queue, name, status
+
+-- name: job_rescue_candidates
+-- The ids job_rescue would take now, read without a lock: each is rescued alone when the statement for all of them fails on one row.
+SELECT id FROM jobs
 WHERE status = 'started'
+  AND NOT (id = ANY(%(skip)s::bigint[]))
   AND NOT (worker_id IS NOT DISTINCT FROM %(worker_id)s AND id = ANY(%(held)s::bigint[]))
   AND (lease_until < now()
        OR (lease_until IS NULL
            AND (started_at IS NULL
                 OR started_at < now() - make_interval(secs => %(legacy_age)s))))
+ORDER BY id
+
+-- name: job_rescue_refused
+-- End a lost worker's row that job_rescue cannot write (no err: status fits its indexes: a name too long, say) with a status that fits, saying why.
+UPDATE jobs
+SET status = %(status)s, last_error = %(status)s, finished_at = now(), lease_until = NULL, slot = NULL
+WHERE id = %(id)s AND status = 'started'
 RETURNING id, queue, name, status
 
 -- name: migration_applied
@@ -123,6 +151,8 @@ WITH gone AS (
       AND finished_at >= coalesce(%(after)s::timestamptz, '-infinity')
     ORDER BY finished_at
     LIMIT %(batch)s
+    -- A row another transaction holds is left for a later run, not waited for.
+    FOR UPDATE SKIP LOCKED
   ))
     -- Rechecked on the row as locked: a redrive may have made it pending meanwhile.
     AND status NOT IN ('pending', 'started')

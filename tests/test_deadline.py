@@ -4,15 +4,17 @@ commit's round trip that outlives its deadline."""
 import time
 
 import gevent
-import psycopg2
 import pytest
-from tests_support import wait_for, waiting_on
+from tests_support import updates_held, wait_for, waiting_on
 
 from lib.commit import Committer
 from lib.db import NoReply
 from lib.deadline import Deadline, Expired
 from lib.insert import insert
 from lib.poller import Outcome, Poller
+
+# The advisory lock key of this module's gate (tests_support.updates_held).
+GATE = 7_100_012
 
 
 def test_each_block_gets_the_full_time_and_a_long_one_is_cut_there():
@@ -59,7 +61,7 @@ def test_a_block_entered_again_before_it_ended_is_refused():
 
 
 def test_a_round_trip_past_the_committers_deadline_has_no_reply_and_the_next_one_goes(db, database_url):
-    """An outcome that waits on a row another transaction holds, past the
+    """An outcome held in flight (by a trigger) past the
     committer's deadline: NoReply, with the server process that ran it noted
     for settling; the connection is not used again, and the next batch gets
     the deadline's full time."""
@@ -68,10 +70,7 @@ def test_a_round_trip_past_the_committers_deadline_has_no_reply_and_the_next_one
     job = poller.claim()
     assert job is not None
     commit = Committer(db, timeout=0.5)
-    holder = psycopg2.connect(database_url)
-    try:
-        with holder.cursor() as cur:
-            cur.execute("SELECT 1 FROM jobs WHERE id = %s FOR UPDATE", (job.id,))
+    with updates_held(db, database_url, GATE, f"NEW.id = {job.id} AND NEW.status = 'ok'"):
         began = time.monotonic()
         with gevent.Timeout(10), pytest.raises(NoReply, match=r"no answer within 0\.5s") as raised:
             commit.send(poller._outcome_params(job, Outcome("ok"), 0.0), None)
@@ -79,10 +78,7 @@ def test_a_round_trip_past_the_committers_deadline_has_no_reply_and_the_next_one
         stuck = raised.value.backend_pid
         assert stuck and db.query_row("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (stuck,)) == (1,)
         db.settle(raised.value)
-        wait_for(lambda: not waiting_on(db, "transactionid"), timeout=10)
-    finally:
-        holder.rollback()
-        holder.close()
+        wait_for(lambda: not waiting_on(db, "advisory"), timeout=10)
     # The cut batch's connection was not kept: the next batches go on a fresh one.
     for _ in range(3):
         assert commit.send(None, poller._claim_params(None, 1)).row is not None

@@ -10,7 +10,7 @@ import gevent
 import psycopg2
 import pytest
 from gevent.event import Event
-from tests_support import count_jobs, poll_until, wait_for, waiting_on
+from tests_support import count_jobs, poll_until, updates_held, wait_for, waiting_on
 
 import lib.lingering
 import worker
@@ -20,6 +20,9 @@ from lib.insert import insert
 from lib.poller import FINALIZING, Outcome, Poller
 from lib.settings import Settings
 from lib.sql import Q
+
+# The advisory lock key of this module's gate (tests_support.updates_held).
+GATE = 7_100_011
 
 
 @pytest.fixture
@@ -256,7 +259,7 @@ def test_a_serial_queue_sends_each_outcome_from_its_writer_without_the_sender(db
 
 def test_a_lone_outcome_cut_off_in_its_greenlet_leaves_the_committer_sending(db, database_url, monkeypatch):
     """A lone outcome goes from the greenlet that asked. Killed with its batch
-    on the way (another transaction holds the row), that greenlet takes the
+    on the way (a trigger holds its update), that greenlet takes the
     batch down with it: the ask hears so, and the ask queued behind it still
     goes, with no sender left from before to find it, and so does the next."""
     monkeypatch.setattr(lib.lingering, "LINGER", 0.05)
@@ -267,12 +270,9 @@ def test_a_lone_outcome_cut_off_in_its_greenlet_leaves_the_committer_sending(db,
     commit = poller.commit
     wait_for(lambda: commit._sender._greenlet.dead, timeout=5)
     batches = calls_of(commit, "_commit")
-    holder = psycopg2.connect(database_url)
-    try:
-        with holder.cursor() as cur:
-            cur.execute("SELECT 1 FROM jobs WHERE id = %s FOR UPDATE", (first,))
+    with updates_held(db, database_url, GATE, f"NEW.id = {first} AND NEW.status = 'ok'"):
         writing = gevent.spawn(commit.send, poller._outcome_params(job, Outcome("ok"), 0.0), None)
-        wait_for(lambda: waiting_on(db, "transactionid"), timeout=10)
+        wait_for(lambda: waiting_on(db, "advisory"), timeout=10)
         claiming = gevent.spawn(commit.send, None, poller._claim_params(None, 0))
         gevent.sleep(0)  # it queues behind the batch on its way
         assert not claiming.ready()
@@ -284,8 +284,6 @@ def test_a_lone_outcome_cut_off_in_its_greenlet_leaves_the_committer_sending(db,
         assert reply.row is not None and reply.row[0] is None
         with gevent.Timeout(10):
             assert commit.send(None, poller._claim_params(None, 0)).row is not None
-    finally:
-        holder.close()
 
 
 def test_asks_of_one_turn_go_together_from_a_sender_that_leaves_once_idle(db, monkeypatch):

@@ -129,7 +129,7 @@ def test_an_idle_lease_keeper_sends_one_rescue_a_lease(db):
     refresh = workers.register(db, leases.worker_id, ["q"], leases.lease)
     leases.seen = lambda runner: rescues.append(time.monotonic()) or refresh(runner)
     stop = Event()
-    keeper = gevent.spawn(leases.run, stop)
+    keeper = gevent.spawn(leases.run_rescue, stop)
     try:
         gevent.sleep(2.5)  # rescues at about 0, 1 and 2 s; a third of a lease would make eight
         idle = len(rescues)

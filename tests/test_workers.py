@@ -69,7 +69,7 @@ def test_the_lease_keeper_refreshes_last_seen_on_its_period(db):
     leases.seen = workers.register(db, leases.worker_id, ["a"], leases.lease)
     db.exec("UPDATE workers SET last_seen = now() - interval '1 hour'")
     stop = Event()
-    keeper = gevent.spawn(leases.run, stop)
+    keeper = gevent.spawn(leases.run_rescue, stop)
     try:
         wait_for(lambda: stats.workers(db) != [], 5)
     finally:

@@ -153,3 +153,21 @@ def poll_until(pollers, done, timeout: float = 30) -> None:
 def paused(db: DB) -> list[tuple[str, str, Any]]:
     """The queues paused now: (queue, reason, until)."""
     return [(q, r, u) for q, r, u in db.query(Q.queue_paused)]
+
+
+@contextmanager
+def updates_held(db: DB, database_url: str, key: int, when: str) -> Iterator[Gate]:
+    """While the block runs, an UPDATE of a jobs row for which `when` (SQL over
+    NEW) holds waits on Gate(key) in a trigger, in flight for as long as the
+    test keeps the gate closed. A row lock would not do: the worker's own
+    statements pass over a row another transaction holds."""
+    db.exec(
+        "CREATE OR REPLACE FUNCTION held_update() RETURNS trigger LANGUAGE plpgsql AS $$ "
+        f"BEGIN IF {when} THEN PERFORM pg_advisory_xact_lock_shared({key}); END IF; RETURN NEW; END $$"
+    )
+    db.exec("CREATE TRIGGER held_update BEFORE UPDATE ON jobs FOR EACH ROW EXECUTE FUNCTION held_update()")
+    try:
+        with Gate(database_url, key) as gate:
+            yield gate
+    finally:
+        db.exec("DROP TRIGGER IF EXISTS held_update ON jobs")
