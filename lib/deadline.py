@@ -20,16 +20,26 @@ class Expired(BaseException):
 
 
 class Deadline:
-    __slots__ = ("_greenlet", "_made_for", "_timer", "error", "seconds")
+    __slots__ = ("_again", "_greenlet", "_made_for", "_timer", "again_every", "error", "expired", "seconds")
 
-    def __init__(self, seconds: float, error: Callable[[], BaseException] = Expired) -> None:
+    def __init__(
+        self, seconds: float, error: Callable[[], BaseException] = Expired, *, again_every: float | None = None
+    ) -> None:
         """A block that lasts seconds is thrown error() where it waits; the
-        exception is made only then, so it carries that place's traceback."""
+        exception is made only then, so it carries that place's traceback.
+        With again_every, a block that goes on after that (it caught the
+        error) is thrown a new error() every again_every seconds until it ends."""
         self.seconds = seconds
         self.error = error
+        self.again_every = again_every
+        # The first error thrown into the block running now, or into the last one.
+        self.expired: BaseException | None = None
         self._timer: Any = None
         self._made_for = 0.0
         self._greenlet: Any = None
+        # The throws after the first: a timer of its own, since a libev timer's
+        # period is fixed when it is made. Made at the first expiry, if any.
+        self._again: Any = None
 
     def __enter__(self) -> None:
         if self._greenlet is not None:
@@ -40,15 +50,33 @@ class Deadline:
             timer = self._timer = gevent.get_hub().loop.timer(self.seconds, self.seconds)
             self._made_for = self.seconds
         self._greenlet = gevent.getcurrent()
+        self.expired = None
         timer.again(self._expired)
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
         self._timer.stop()
+        if self._again is not None:
+            self._again.stop()
+        # From here the hub throws nothing more into the greenlet.
         self._greenlet = None
 
     def _expired(self) -> None:
         # Run by the hub; a repeating timer, so it is stopped before anything else.
         self._timer.stop()
-        greenlet, self._greenlet = self._greenlet, None
+        greenlet = self._greenlet
+        if greenlet is None:
+            return
+        if self.again_every is None:
+            self._greenlet = None
+        else:
+            if self._again is None:
+                self._again = gevent.get_hub().loop.timer(self.again_every, self.again_every)
+            # Repeating: libev starts it over after each throw.
+            self._again.again(self._throw_again)
+        self.expired = self.error()
+        greenlet.throw(self.expired)
+
+    def _throw_again(self) -> None:
+        greenlet = self._greenlet
         if greenlet is not None:
             greenlet.throw(self.error())

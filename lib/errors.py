@@ -139,15 +139,46 @@ def reporting() -> bool:
     return client.is_active() and client.transport is not None
 
 
+def safe_text(text: str) -> str:
+    """text as a plain str that UTF-8 and Postgres can take: each lone
+    surrogate (half of an emoji, cut from an API's JSON) written as its
+    escape, and each NUL as \\x00. A str subclass's own methods are not called."""
+    text = str.__str__(text)
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        text = text.encode(errors="backslashreplace").decode()
+    return text.replace("\x00", "\\x00")
+
+
+def describe(exc: BaseException) -> str:
+    """exc as "Type: message" ("Type" alone for an empty message), as
+    safe_text. Never raises: an exception whose __str__ fails is described
+    as unprintable, so it still becomes a status someone can read."""
+    try:
+        name = safe_text(type(exc).__name__)
+    except Exception:
+        name = "exception"
+    try:
+        message = safe_text(str(exc))
+    except Exception as failure:
+        return f"<unprintable {name}: __str__ raised {type(failure).__name__}>"
+    return f"{name}: {message}" if message else name
+
+
 def traceback_text(exc: BaseException, limit: int = MAX_TRACEBACK_BYTES) -> str | None:
     """exc's traceback as Python prints it, its last `limit` bytes (the fault
     is at the end); None when it was never raised. Frames' source lines and
-    the exception's message only: locals are never read."""
+    the exception's message only: locals are never read. Never raises."""
     if exc.__traceback__ is None:
         return None
-    text = "".join(traceback.format_exception(exc)).replace("\x00", "\\x00")  # Postgres text holds no NUL
-    # Kept in a job row, which must hold no secret: a message may quote one.
-    text = scrub(text, configured_secrets())
+    try:
+        text = "".join(traceback.format_exception(exc))
+    except Exception as failure:
+        text = f"{describe(exc)}\n(its traceback could not be formatted: {describe(failure)})\n"
+    # Kept in a job row, which must hold no secret (a message may quote one),
+    # and whose text column takes neither a NUL nor a lone surrogate.
+    text = safe_text(scrub(text, configured_secrets()))
     data = text.encode()
     if len(data) <= limit:
         return text

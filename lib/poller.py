@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -22,7 +23,16 @@ from lib import tally
 from lib.commit import committer
 from lib.db import DB, Unsendable, is_data_error, is_database_error, is_server_error, is_unique_violation
 from lib.deadline import Deadline
-from lib.errors import Outage, capture, capture_message, configured_secrets, reporting, traceback_text
+from lib.errors import (
+    Outage,
+    capture,
+    capture_message,
+    configured_secrets,
+    describe,
+    reporting,
+    safe_text,
+    traceback_text,
+)
 from lib.insert import MAX_ARGS_BYTES, check_name
 from lib.leases import LeaseLost, Leases
 from lib.lingering import Lingering
@@ -39,6 +49,9 @@ FINALIZE_TIMEOUT = 30.0
 WRITE_RETRY_BASE = 0.05
 WRITE_RETRY_CAP = 1.0
 MAX_THROTTLE = 86400.0
+# A handler that catches its JobTimeout and goes on is thrown another this
+# often, until its block ends.
+TIMEOUT_AGAIN_EVERY = 0.5
 
 # Outcome writes run in greenlets of their own, so that killing a poller at the
 # end of the shutdown window cannot cut a write in half; the worker waits for
@@ -93,8 +106,10 @@ Handler = Callable[[PendingJob], str]
 Throttle = Callable[[str, BaseException | None, float], float]
 
 
-class JobTimeout(Exception):
-    """The handler ran past the queue's job timeout."""
+class JobTimeout(BaseException):
+    """The handler ran past the queue's job timeout. A BaseException, as the
+    lease fence's LeaseLost is, so a handler's `except Exception` retry loop
+    does not take it for one more fault to retry."""
 
 
 class UnknownJob(Exception):
@@ -109,8 +124,14 @@ class Snooze(Exception):
     def __init__(self, seconds: float, status: str) -> None:
         if st.kind(status) is not st.Kind.SKIP:
             raise ValueError(f"a snoozed job's status is a skip, not {status!r}")
+        # A plain float here, raised to the handler otherwise: the group
+        # commit's batch takes no other kind, and a batch fails as a whole.
+        value = real_seconds(seconds, "Snooze seconds")
+        if not math.isfinite(value):
+            raise ValueError(f"Snooze seconds must be finite, not {value!r}")
+        status = safe_text(status)
         super().__init__(status)
-        self.seconds = max(0.0, seconds)
+        self.seconds = max(0.0, value)
         self.status = status
 
 
@@ -414,15 +435,21 @@ class Poller:
         self.leases.hold(job.id, job.claimed_at or time.monotonic(), lambda: self._fence(slot, job))
         start = time.monotonic()
         try:
-            result = self._dispatch(job, slot)
-        except BaseException:
-            # Only the greenlet's own kill (shutdown) gets here: the job is
-            # written off as interrupted, and the kill goes on up.
-            self._conclude(job, slot, self._interrupted(job), start, stop, None, interrupted=True)
-            raise
-        if isinstance(result, LeaseLost):
-            return self._fenced(job, slot)
-        return self._conclude(job, slot, self._outcome(job, result), start, stop, wakeup)
+            try:
+                result = self._dispatch(job, slot)
+            except BaseException:
+                # Only the greenlet's own kill (shutdown) gets here: the job is
+                # written off as interrupted, and the kill goes on up.
+                self._conclude(job, slot, self._interrupted(job), start, stop, None, interrupted=True)
+                raise
+            if isinstance(result, LeaseLost):
+                return self._fenced(job, slot)
+            return self._conclude(job, slot, self._recorded(job, result), start, stop, wakeup)
+        finally:
+            # Whatever failed on the way, a slot that goes no further keeps
+            # no row renewed for ever: a rescue can take it back.
+            self.running.pop(slot, None)
+            self.leases.release(job.id)
 
     def _conclude(
         self,
@@ -455,9 +482,14 @@ class Poller:
             # This poller gives the queue's slot up: a poller of another
             # worker may take it now, not at its next fallback poll.
             self._hand_over()
-        if log.isEnabledFor(logging.INFO):
-            self._log_done(job, outcome, elapsed)
-        tally.job_done(self.queue, outcome, elapsed)
+        try:
+            if log.isEnabledFor(logging.INFO):
+                self._log_done(job, outcome, elapsed)
+            tally.job_done(self.queue, outcome, elapsed)
+        except Exception as exc:
+            # The outcome is written, and the write may have claimed this
+            # slot's next job: that job must not be lost with the slot.
+            log.error("queue=%s id=%d outcome written but not logged or counted: %s", self.queue, job.id, describe(exc))
         if delay > 0:
             (stop or Event()).wait(delay)
         return outcome.status, found
@@ -519,18 +551,29 @@ class Poller:
         self._dispatching[slot] = (job, gevent.getcurrent())
         deadline = self._deadlines.get(slot)
         if deadline is None:
-            deadline = self._deadlines[slot] = Deadline(self.job_timeout, self._timed_out)
+            deadline = self._deadlines[slot] = Deadline(
+                self.job_timeout, self._timed_out, again_every=TIMEOUT_AGAIN_EVERY
+            )
         try:
             with deadline:
                 result = handler(job)
         except _NOT_THE_JOBS:
             raise
         except BaseException as exc:  # a gevent.Timeout of its own and any other BaseException are the job's fault
-            return exc
+            if deadline.expired is None or isinstance(exc, JobTimeout | LeaseLost):
+                return exc
+            # Whatever it raised once its time was up, the timeout ended it.
+            return deadline.expired
         finally:
             self._dispatching.pop(slot, None)
+        if deadline.expired is not None:
+            # It caught its timeout and returned: the job still ran out of time.
+            return deadline.expired
         if not isinstance(result, str):
             return BadStatus(f"handler returned {type(result).__name__}, not a status string")
+        # A plain str from here (a subclass's own methods are not called), one
+        # that Postgres can store: no NUL, no lone surrogate.
+        result = safe_text(result)
         try:
             kind = st.kind(result)
         except ValueError:
@@ -543,6 +586,19 @@ class Poller:
     def _timed_out(self) -> JobTimeout:
         return JobTimeout(f"timed out after {self.job_timeout:g}s")
 
+    def _recorded(self, job: PendingJob, result: str | BaseException) -> Outcome:
+        """The outcome of the handler's result; when making it fails (a bug),
+        one saying so, so the job still ends."""
+        try:
+            return self._outcome(job, result)
+        except Exception as exc:
+            status = st.err(
+                f"the worker could not record this job's outcome: {scrub(describe(exc), configured_secrets())}"
+            )
+            log.error("queue=%s job=%s id=%d %s", self.queue, job.name, job.id, status, exc_info=True)
+            capture(exc, message="outcome not recorded", queue=self.queue, job=job.name, job_id=job.id)
+            return Outcome(status, exc, traceback=traceback_text(exc))
+
     def _outcome(self, job: PendingJob, result: str | BaseException) -> Outcome:
         if isinstance(result, str):
             return Outcome(result)
@@ -550,8 +606,7 @@ class Poller:
             return Outcome(st.clean(result.status), retry_in=result.seconds, counted=False)
         capture(result, queue=self.queue, job=job.name, job_id=job.id, callsite=job.callsite)
         # Stored in the row, which must hold no secret, whatever the message quotes.
-        said = f"{type(result).__name__}: {result}" if str(result) else type(result).__name__
-        text = st.err(scrub(said, configured_secrets()))
+        text = st.err(scrub(describe(result), configured_secrets()))
         retry_in = backoff(job.attempts, base=self.retry_base) if job.attempts < job.max_attempts else None
         if not reporting():
             # Without Sentry the log is the one place an operator finds where it failed.
@@ -721,13 +776,28 @@ class Poller:
         if self.throttle is None:
             return 0.0
         try:
-            delay = float(self.throttle(outcome.status, outcome.error, elapsed))
+            delay = real_seconds(self.throttle(outcome.status, outcome.error, elapsed), "the throttle's pause")
         except Exception as exc:
-            log.error("queue=%s throttle raised, no pause: %s", self.queue, exc)
+            log.error("queue=%s throttle raised, no pause: %s", self.queue, describe(exc))
             capture(exc, message="throttle", queue=self.queue)
             return 0.0
         # NaN fails both comparisons: no pause. A day bounds a runaway answer.
         return min(delay, MAX_THROTTLE) if delay > 0 else 0.0
+
+
+def real_seconds(value: object, what: str) -> float:
+    """value as a plain float: a Decimal, a Fraction, a numpy scalar, anything
+    float() reads as a number (NaN and infinity too). TypeError for what is no
+    number (a bool, a string, None); ValueError for one no float can hold."""
+    kind = type(value)
+    if isinstance(value, bool) or (kind.__module__ == "numpy" and kind.__name__ in ("bool", "bool_")):
+        raise TypeError(f"{what} must be a number, not a bool")
+    if isinstance(value, str | bytes | bytearray) or not (hasattr(kind, "__float__") or hasattr(kind, "__index__")):
+        raise TypeError(f"{what} must be a number, not {safe_text(kind.__name__)}")
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (OverflowError, ValueError) as exc:
+        raise ValueError(f"{what} must be a number a float can hold: {describe(exc)}") from None
 
 
 class _Probe(Exception):

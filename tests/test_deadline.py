@@ -54,6 +54,35 @@ def test_the_error_is_made_at_expiry_where_the_block_waited():
     assert any(entry.name == "waits_here" for entry in raised.traceback)
 
 
+def test_a_block_that_catches_the_error_and_goes_on_is_thrown_a_new_one_until_it_ends():
+    deadline = Deadline(0.2, again_every=0.1)
+    caught = []
+    began = time.monotonic()
+    with deadline:
+        while len(caught) < 3:
+            try:
+                gevent.sleep(5)
+            except Expired as exc:
+                caught.append(exc)
+    assert 0.35 <= time.monotonic() - began < 3
+    assert deadline.expired is caught[0]
+    assert len({id(exc) for exc in caught}) == 3
+    # Ended: nothing more is thrown into this greenlet, which waits past the period.
+    gevent.sleep(0.3)
+    with deadline:
+        gevent.sleep(0.05)
+    assert deadline.expired is None  # a block that ends in time
+
+
+def test_without_again_every_the_error_is_thrown_once():
+    deadline = Deadline(0.1)
+    with deadline:
+        with pytest.raises(Expired):
+            gevent.sleep(5)
+        gevent.sleep(0.3)
+    assert deadline.expired is not None
+
+
 def test_a_block_entered_again_before_it_ended_is_refused():
     deadline = Deadline(1)
     with deadline, pytest.raises(RuntimeError), deadline:

@@ -96,3 +96,32 @@ def test_errors_works_without_gevent():
     result = run_python(_WITHOUT_GEVENT, env={"GITHUB_TOKEN": "s3cr3t"})
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "{'m': ['a [redacted]']}"
+
+
+class _Unprintable(Exception):
+    def __str__(self) -> str:
+        raise ValueError("no text")
+
+
+def test_describe_and_traceback_text_make_text_of_any_exception():
+    """Half an emoji, a NUL, a __str__ that raises: each becomes text UTF-8
+    encodes, and nothing raises."""
+    try:
+        raise RuntimeError("cut \ud83d and \x00")
+    except RuntimeError as exc:
+        cut = exc
+    assert errors.describe(cut) == "RuntimeError: cut \\ud83d and \\x00"
+    text = errors.traceback_text(cut)
+    assert text.encode() and text.endswith("RuntimeError: cut \\ud83d and \\x00\n")
+    assert errors.describe(_Unprintable()) == "<unprintable _Unprintable: __str__ raised ValueError>"
+    assert errors.describe(KeyError()) == "KeyError"
+    try:
+        raise _Unprintable()
+    except _Unprintable as exc:
+        assert "_Unprintable: <exception str() failed>" in errors.traceback_text(exc)
+    cut_long = RuntimeError("\ud83d" * 10_000)
+    try:
+        raise cut_long
+    except RuntimeError:
+        text = errors.traceback_text(cut_long)
+    assert len(text.encode()) <= errors.MAX_TRACEBACK_BYTES and text.endswith("\\ud83d\n")
