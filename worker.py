@@ -213,7 +213,8 @@ def run(
     legacy_age = max((p.job_timeout for p in pollers), default=600.0) + 60
     leases = Leases(db, lease=settings.lease_seconds, legacy_age=legacy_age)
     leases.outage = outage
-    leases.seen = workers.register(db, leases.worker_id, [p.queue for p in pollers], leases.lease)
+    handles = [(p.queue, p.handles) for p in pollers]
+    leases.seen = workers.register(db, leases.worker_id, [p.queue for p in pollers], leases.lease, handles)
     for poller in pollers:
         poller.outage = outage
         poller.leases = leases
