@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING  # noqa: E402
 import gevent  # noqa: E402
 from gevent.event import Event  # noqa: E402
 
-from lib import blocked, errors, logs, queue_state, stats, workers  # noqa: E402
+from lib import blocked, dedupe, errors, logs, queue_state, stats, workers  # noqa: E402
 from lib.clock import Clock, Scheduled  # noqa: E402
 from lib.db import DB, behind_pooler, is_conn_failure, is_database_error  # noqa: E402
 from lib.errors import Outage  # noqa: E402
@@ -26,7 +26,6 @@ from lib.poller import FINALIZING, Poller  # noqa: E402
 from lib.queue_state import AUTH_PREFIX, pause, resume  # noqa: E402
 from lib.retry import Backoff  # noqa: E402
 from lib.settings import SettingError, Settings  # noqa: E402
-from lib.sql import Q  # noqa: E402
 from lib.supervise import Supervisor  # noqa: E402
 from lib.wakeups import Listener  # noqa: E402
 
@@ -207,13 +206,15 @@ def run(
     supervisor = supervisor or Supervisor(stop)
     # One report for an outage of the database, not one per queue or part.
     outage = Outage("database")
-    pollers, registered = _start_pollers(db, registry, settings.queues)
+    pollers, registered, declaring = _start_pollers(db, registry, settings.queues)
+    declaring.outage = outage
     # Before any part starts: a start-up report, not a step in their timing.
     _say_unrun(db, registered)
     legacy_age = max((p.job_timeout for p in pollers), default=600.0) + 60
     leases = Leases(db, lease=settings.lease_seconds, legacy_age=legacy_age)
     leases.outage = outage
-    leases.seen = workers.register(db, leases.worker_id, [p.queue for p in pollers], leases.lease)
+    handles = [(p.queue, p.handles) for p in pollers]
+    leases.seen = workers.register(db, leases.worker_id, [p.queue for p in pollers], leases.lease, handles)
     for poller in pollers:
         poller.outage = outage
         poller.leases = leases
@@ -248,6 +249,8 @@ def run(
     # Apart, so that no database call, lock or stalled link stands between the
     # fence and a handler that must stop.
     helpers = [supervisor.spawn("leases", leases.run), supervisor.spawn("rescue", leases.run_rescue)]
+    if declaring.left:
+        helpers.append(supervisor.spawn("dedupe", declaring.run))
     if listener is not None:
         helpers.append(supervisor.spawn("listener", listener.run))
     if schedule:
@@ -318,14 +321,18 @@ def _router(pollers: Sequence[Poller]) -> Callable[[str], None]:
     return lambda queue: _wake(by_queue.get(queue, ()))
 
 
-def _start_pollers(db: DB, registry: Registry, only: frozenset[str] | None = None) -> tuple[list[Poller], list[str]]:
+def _start_pollers(
+    db: DB, registry: Registry, only: frozenset[str] | None = None
+) -> tuple[list[Poller], list[str], dedupe.Waiting]:
     """Build the pollers; say once which queues are off and why, declare the
     job names that dedupe, and end the pauses a rejected token caused (this
     start may be the one after the token was fixed). The pollers that run
-    (those of `only`, JOBS_QUEUES, when given), and every registered queue,
-    the off ones too: their rows wait for a token or another process, not
-    for a queue that does not exist."""
+    (those of `only`, JOBS_QUEUES, when given), every registered queue, the
+    off ones too (their rows wait for a token or another process, not for a
+    queue that does not exist), and the declarations that must wait for
+    transactions that wrote jobs, for the worker to retry while it runs."""
     pollers, registered = [], []
+    declaring = dedupe.Waiting(db)
     made = [make(db) for make in registry]
     unknown = sorted((only or set()) - {p.queue for p in made})
     if unknown:
@@ -337,16 +344,13 @@ def _start_pollers(db: DB, registry: Registry, only: frozenset[str] | None = Non
         if poller.disabled_reason:
             log.warning("queue=%s is off: %s", poller.queue, poller.disabled_reason)
             continue
-        if poller.dedupe:
-            # Additive: a process that lists fewer names (an older release) cannot switch others off.
-            added, skipped = db.query_row(Q.dedupe_declare, {"queue": poller.queue, "names": sorted(poller.dedupe)})
-            if added:
-                names = ", ".join(added)
-                log.info("queue=%s dedupes %s from now on; %d waiting copies skipped", poller.queue, names, skipped)
+        # Additive: a process that lists fewer names (an older release) cannot switch others off.
+        if poller.dedupe and not dedupe.declare(db, poller.queue, poller.dedupe):
+            declaring.add(poller.queue, poller.dedupe)
         if resume(db, poller.queue, prefix=AUTH_PREFIX):
             log.info("queue=%s auth pause ended at start", poller.queue)
         pollers.append(poller)
-    return pollers, registered
+    return pollers, registered, declaring
 
 
 if __name__ == "__main__":

@@ -69,6 +69,11 @@ def is_unique_violation(exc: BaseException) -> bool:
     return isinstance(exc, psycopg2.errors.UniqueViolation)
 
 
+def is_lock_timeout(exc: BaseException) -> bool:
+    """The server gave up waiting for a lock (lock_timeout: lock_not_available)."""
+    return isinstance(exc, psycopg2.errors.LockNotAvailable)
+
+
 def is_database_error(exc: BaseException) -> bool:
     """exc came from the database or the way to it (the driver, the pool), not
     from a bug in the code that called it."""

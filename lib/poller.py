@@ -19,7 +19,7 @@ from gevent.event import AsyncResult, Event
 from greenlet import GreenletExit
 
 from lib import status as st
-from lib import tally
+from lib import tally, workers
 from lib.commit import committer
 from lib.db import DB, Unsendable, is_data_error, is_database_error, is_server_error, is_unique_violation
 from lib.deadline import Deadline
@@ -52,6 +52,9 @@ MAX_THROTTLE = 86400.0
 # A handler that catches its JobTimeout and goes on is thrown another this
 # often, until its block ends.
 TIMEOUT_AGAIN_EVERY = 0.5
+# How long a slot holds back after giving a job back to a worker that handles
+# its name: its next claim would take the same head row again at once.
+LEFT_FOR_ANOTHER_PAUSE = 2.0
 
 # Outcome writes run in greenlets of their own, so that killing a poller at the
 # end of the shutdown window cannot cut a write in half; the worker waits for
@@ -240,6 +243,8 @@ class Poller:
         self._wakeups = [Event() for _ in range(concurrency)]
         # Each slot's limit on its handler, restarted for every job.
         self._deadlines: dict[int, Deadline] = {}
+        # Job names given back to the workers that handle them, said once each.
+        self._left_names: set[str] = set()
 
     @property
     def worker_id(self) -> str:
@@ -431,6 +436,8 @@ class Poller:
         """Run a claimed job and write its outcome. Given the slot's wakeup (the
         poll loop) and with no throttle pause due, the write also looks for the
         slot's next job, and says what it found."""
+        if self._left_for_another(job, stop, wakeup):
+            return st.PENDING, None
         self.running[slot] = job
         self.leases.hold(job.id, job.claimed_at or time.monotonic(), lambda: self._fence(slot, job))
         start = time.monotonic()
@@ -450,6 +457,46 @@ class Poller:
             # no row renewed for ever: a rescue can take it back.
             self.running.pop(slot, None)
             self.leases.release(job.id)
+
+    def _left_for_another(self, job: PendingJob, stop: Event | None, wakeup: Event | None) -> bool:
+        """A job of a name this worker does not handle and a live worker does
+        (one of a newer release, during a rolling upgrade): given back, the
+        attempt not counted, for that worker to claim; in the poll loop this
+        slot then holds back a while, so that it does not take the same head
+        row again at once (on a serial queue nothing behind it runs meanwhile:
+        FIFO holds). False when no live worker handles the name, or that
+        cannot be learnt: the job ends as an unknown job, and a typo never
+        stalls its queue."""
+        if job.name in self.dispatch or not self._handled_elsewhere(job):
+            return False
+        self._give_back(job)
+        if wakeup is not None and stop is not None:
+            stop.wait(LEFT_FOR_ANOTHER_PAUSE)
+        return True
+
+    def _handled_elsewhere(self, job: PendingJob) -> bool:
+        try:
+            return workers.handled_elsewhere(self.db, self.queue, job.name)
+        except Exception as exc:
+            if not is_database_error(exc):
+                raise
+            log.warning("queue=%s id=%d cannot learn whether a worker handles it: %s", self.queue, job.id, exc)
+            return False
+
+    def _give_back(self, job: PendingJob) -> None:
+        if job.name not in self._left_names:
+            self._left_names.add(job.name)
+            log.info("queue=%s job=%s is left to the workers that handle it (this one does not)", self.queue, job.name)
+        try:
+            self.db.exec(Q.job_release, {"id": job.id, "worker_id": self.worker_id, "attempts": job.attempts})
+        except Exception as exc:
+            if not is_database_error(exc):
+                raise
+            # The lease runs out and the rescue takes the row back instead.
+            log.warning("queue=%s id=%d not given back: %s", self.queue, job.id, exc)
+            return
+        # A worker that handles it may be idle until its fallback poll.
+        self._hand_over()
 
     def _conclude(
         self,

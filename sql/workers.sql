@@ -2,9 +2,18 @@
 
 -- name: worker_seen
 -- Note a worker as seen now: its row written at start, last_seen moved on at each refresh (written again if it was forgotten meanwhile).
-INSERT INTO workers (id, host, pid, queues, started_at, last_seen, lease_seconds)
-VALUES (%(id)s, %(host)s, %(pid)s::int, %(queues)s::text[], %(started_at)s::timestamptz, now(), %(lease)s::float8)
+INSERT INTO workers (id, host, pid, queues, started_at, last_seen, lease_seconds, handles)
+VALUES (%(id)s, %(host)s, %(pid)s::int, %(queues)s::text[], %(started_at)s::timestamptz, now(), %(lease)s::float8,
+        %(handles)s::jsonb)
 ON CONFLICT (id) DO UPDATE SET last_seen = excluded.last_seen
+
+-- name: worker_handles_elsewhere
+-- Whether a worker seen within the given number of its own lease periods (alive, as worker_list reads it) handles the job name on the queue.
+SELECT EXISTS (
+  SELECT FROM workers w
+  WHERE w.handles -> %(queue)s::text ? %(name)s::text
+    AND w.last_seen > now() - make_interval(secs => %(periods)s::float8 * w.lease_seconds)
+)
 
 -- name: worker_remove
 -- Take a worker that stopped cleanly out of the registry, unless a started row still names it.

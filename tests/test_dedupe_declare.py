@@ -6,12 +6,14 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections import Counter
 
 import gevent
 import psycopg2
 import pytest
-from tests_support import ROOT, run_python, wait_for
+from gevent.event import Event
+from tests_support import ROOT, read_until, run_python, wait_for, waiting_on
 
 from lib.db import DB
 from lib.insert import insert
@@ -41,9 +43,11 @@ DEDUPE_WORKER = ROOT / "tests" / "apps" / "dedupe_worker.py"
 
 
 def declare(db: DB, names: set[str]) -> None:
-    """What a worker does at start for a queue dd whose Poller lists names."""
+    """What a worker does at start for a queue dd whose Poller lists names,
+    and then while it runs until the declaration is done."""
     handlers = {name: lambda job: "ok" for name in ("dd.A", "dd.B", "dd.C")}
-    _start_pollers(db, [lambda db: Poller("dd", db, handlers, dedupe=names)])
+    _, _, waiting = _start_pollers(db, [lambda db: Poller("dd", db, handlers, dedupe=names)])
+    waiting.until_done(Event())
 
 
 def live(db: DB) -> list[tuple]:
@@ -248,3 +252,57 @@ def test_an_insert_that_waited_for_a_declaration_dedupes_under_it(db, database_u
     assert db.query_row("SELECT status, dedupe FROM jobs WHERE id = %s", (job_id,)) == ("pending", True)
     assert insert(db, "dd", "dd.A", {"n": 1}) is None
     assert waited
+
+
+def heartbeat_seconds(database_url: str, job_id: int) -> float:
+    """How long a running worker's lease renewal of a started row takes (inf: over 10 s)."""
+    conn = psycopg2.connect(database_url)
+    conn.autocommit = True
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SET statement_timeout = '10s'")
+            began = time.monotonic()
+            try:
+                cur.execute("UPDATE jobs SET lease_until = now() + interval '1 minute' WHERE id = %s", (job_id,))
+            except psycopg2.errors.QueryCanceled:
+                return float("inf")
+            return time.monotonic() - began
+    finally:
+        conn.close()
+
+
+def test_a_declaration_waiting_for_an_open_transaction_holds_up_no_heartbeat(runs_table, database_url):
+    db = runs_table
+    running = insert(db, "hb", "hb.N", {})
+    db.exec(
+        "UPDATE jobs SET status = 'started', attempts = 1, worker_id = 'another', slot = 0,"
+        " lease_until = now() + interval '1 minute' WHERE id = %s",
+        (running,),
+    )
+    # Held, so that the row written meanwhile is still live when the name is declared.
+    pause(db, "dd", "held by the test")
+    app = psycopg2.connect(database_url)
+    proc = None
+    try:
+        with app.cursor() as cur:
+            # Open: the declaration's LOCK TABLE jobs must wait for it.
+            early = insert(cur, "dd", "dd.A", {"n": 1})
+        proc = start_dedupe_worker(database_url, "dd.A")
+        wait_for(lambda: waiting_on(db, "relation", "jobs"), 30, every=0.01)
+        assert heartbeat_seconds(database_url, running) < 1
+        # The worker runs its queue while its declaration waits.
+        started = read_until(proc, "running 1 queues")
+        assert "waits to declare its dedupe names dd.A" in started
+        assert not declared(db, "dd.A")
+        app.commit()
+        read_until(proc, "queue=dd dedupe names declared")
+        assert db.query_row("SELECT status, dedupe FROM jobs WHERE id = %s", (early,)) == ("pending", True)
+        assert insert(db, "dd", "dd.A", {"n": 1}) is None
+        proc.send_signal(signal.SIGTERM)
+        output = proc.communicate(timeout=30)[0]
+    finally:
+        app.close()
+        if proc is not None:
+            proc.kill()
+    assert proc.returncode == 0, output
+    assert " died: " not in output

@@ -145,3 +145,16 @@ def test_jobs_queues_runs_only_the_queues_it_names(db, caplog):
 def test_jobs_queues_naming_an_unregistered_queue_is_refused(db):
     with pytest.raises(SettingError, match="JOBS_QUEUES names queues that are not registered: c"):
         worker.run(db, [lambda db: Poller("a", db, {"a.N": lambda job: "ok"})], Settings(queues=frozenset({"a", "c"})))
+
+
+def test_a_worker_registers_the_names_it_handles_and_counts_for_them_while_alive(db):
+    workers.register(db, "w-1", ["a", "b"], 30.0, [("a", ["a.X"]), ("b", ["b.Y"]), ("a", ["a.Z"])])
+    assert db.query_row("SELECT handles FROM workers WHERE id = 'w-1'") == ({"a": ["a.X", "a.Z"], "b": ["b.Y"]},)
+    assert workers.handled_elsewhere(db, "a", "a.Z")
+    assert not workers.handled_elsewhere(db, "a", "b.Y")
+    assert not workers.handled_elsewhere(db, "c", "a.X")
+    # As the status command reads alive: within three of the worker's own leases.
+    db.exec("UPDATE workers SET last_seen = now() - interval '89 seconds'")
+    assert workers.handled_elsewhere(db, "a", "a.Z")
+    db.exec("UPDATE workers SET last_seen = now() - interval '91 seconds'")
+    assert not workers.handled_elsewhere(db, "a", "a.Z")
