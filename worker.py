@@ -20,6 +20,7 @@ from lib import blocked, dedupe, errors, logs, queue_state, stats, workers  # no
 from lib.clock import Clock, Scheduled  # noqa: E402
 from lib.db import DB, behind_pooler, is_conn_failure, is_database_error  # noqa: E402
 from lib.errors import Outage  # noqa: E402
+from lib.forks import refuse_fork  # noqa: E402
 from lib.leases import Leases  # noqa: E402
 from lib.migrate import migrate  # noqa: E402
 from lib.poller import FINALIZING, Poller  # noqa: E402
@@ -202,6 +203,7 @@ def run(
     keeper, the clock and the HTTP endpoints (at settings.http_addr; None:
     none), until SIGTERM/SIGINT (or stop); then stop claiming, give running
     jobs the shutdown window, and write off the rest."""
+    refuse_fork()  # a handler's fork would clone the whole worker (lib/forks.py)
     stop = stop or Event()
     supervisor = supervisor or Supervisor(stop)
     # One report for an outage of the database, not one per queue or part.
