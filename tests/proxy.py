@@ -58,7 +58,14 @@ class Proxy:
             client.close()
             return
         upstream = socket.socket(self.family, socket.SOCK_STREAM)
-        upstream.connect(self.address)
+        try:
+            upstream.connect(self.address)
+        except OSError:
+            # The server is down (restarting): the client is refused as it
+            # would be without the proxy.
+            upstream.close()
+            client.close()
+            return
         self._pipes.update((client, upstream))
         # Each direction: a reader that never stops reading, and a writer
         # that forwards what it read only while bytes flow.
