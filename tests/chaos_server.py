@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import tempfile
 import time
 import uuid
@@ -84,6 +85,18 @@ class ChaosServer:
         # folder in /tmp).
         assert embedded.start(self.pgdata, self.source) == self.url
         self.restarts += 1
+
+    def crash_restart(self) -> None:
+        """As `pg_ctl restart -m immediate`: SIGQUIT to the postmaster, so
+        every session is cut at once with no checkpoint, then a start that
+        replays the WAL; returns once it accepts connections."""
+        for pidfile in self.pgdata.glob("*/postmaster.pid"):
+            os.kill(int(pidfile.read_text().split()[0]), signal.SIGQUIT)
+            deadline = time.monotonic() + 30
+            while pidfile.exists():
+                assert time.monotonic() < deadline, f"the server did not stop on SIGQUIT ({pidfile})"
+                time.sleep(0.02)
+        self.restart()
 
     def terminate_backends(self, application_name_like: str | None = None, limit: int | None = None) -> int:
         """pg_terminate_backend on client sessions (other than this call's

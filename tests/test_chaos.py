@@ -1,12 +1,14 @@
 """Chaos: real worker processes on a private Postgres, killed, cut off and
-restarted under them while they work, then the guarantees are checked from the
-tables alone (FIFO, concurrency, no double claim, nothing lost, outliving a
+restarted under them while they work, some of them on a link that stalls for
+longer than the lease, with rows held by another session meanwhile; then the
+guarantees are checked from the tables alone (FIFO, concurrency, no double claim, nothing lost, outliving a
 restart, SIGTERM; each one's place is in
 ARCHITECTURE.md).
 
 Every run is recorded by the worker in chaos_runs (see apps/chaos_worker.py):
 a `start` row when the handler begins and an `end` row when it is done, with
-the worker's pid. Set CHAOS_SEED to replay a run's schedule.
+the worker's pid; a worker on the stalling link records them directly, so
+they are stamped when they happen. Set CHAOS_SEED to replay a run's schedule.
 """
 
 from __future__ import annotations
@@ -23,8 +25,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psycopg2
 import pytest
 from chaos_server import ChaosServer, worker_env
+from proxy import Proxy
 
 from lib.db import DB
 from lib.insert import Job, insert_many
@@ -82,6 +86,7 @@ class Proc:
     killed_at: float | None = None  # wall clock just after SIGKILL
     termed_at: float | None = None  # wall clock just before SIGTERM
     dies: bool = False  # set to SIGKILL itself in a group commit (CHAOS_DIE_IN_BATCH)
+    stalls: bool = False  # reaches the server through the stalling proxy
 
     @property
     def pid(self) -> int:
@@ -110,7 +115,11 @@ class Workers:
         self.log_dir = log_dir
         self.procs: list[Proc] = []
 
-    def start(self, **env: str) -> Proc:
+    def start(self, proxy: Proxy | None = None, **env: str) -> Proc:
+        """A new worker; with proxy, it reaches the server through it and
+        records its runs directly."""
+        if proxy is not None:
+            env = {**env, "DATABASE_URL": proxy.url, "CHAOS_RECORD_URL": self.env["DATABASE_URL"]}
         log = self.log_dir / f"worker-{len(self.procs)}.log"
         with log.open("wb") as out:
             popen = subprocess.Popen(
@@ -119,7 +128,7 @@ class Workers:
                 stdout=out,
                 stderr=subprocess.STDOUT,
             )
-        proc = Proc(popen, log, dies="CHAOS_DIE_IN_BATCH" in env)
+        proc = Proc(popen, log, dies="CHAOS_DIE_IN_BATCH" in env, stalls=proxy is not None)
         self.procs.append(proc)
         return proc
 
@@ -413,6 +422,14 @@ TERMINATIONS = 3
 WORKERS = 3
 CHAOS_WINDOW = 20.0  # seconds in which the kills, the restart and the cuts fall
 DEADLINE = 120.0  # the whole run, chaos and drain, or the test fails
+STALLS = 2
+# Longer than a lease and a rescue period: the stalled worker's job is taken over meanwhile.
+STALL_SECONDS = (LEASE_SECONDS + 1.5, 2 * LEASE_SECONDS)
+STALL_WINDOW = 0.4 * CHAOS_WINDOW  # stalls begin in it: their long runs end within the run
+LONG_RUN = 2 * LEASE_SECONDS  # seconds: the stalled handler would outlive the takeover
+ARM_SECONDS = 4.0  # how long a stall waits for a proxied worker to run a long job
+ROW_LOCKS = 2
+ROW_LOCK_SECONDS = (1.0, 2 * LEASE_SECONDS)
 
 
 @dataclass
@@ -423,6 +440,8 @@ class Plan:
     kills: list[float]
     restart: float
     terminations: list[float]
+    stalls: list[tuple[float, float]]  # (when, for how long) the proxied workers' link stalls
+    row_locks: list[tuple[float, float]]  # (when, for how long) another session holds a started row
 
     @classmethod
     def draw(cls, seed: int) -> Plan:
@@ -432,6 +451,10 @@ class Plan:
             kills=sorted(rng.uniform(2.0, CHAOS_WINDOW) for _ in range(KILLS)),
             restart=rng.uniform(0.3 * CHAOS_WINDOW, 0.7 * CHAOS_WINDOW),
             terminations=sorted(rng.uniform(1.0, CHAOS_WINDOW) for _ in range(TERMINATIONS)),
+            stalls=sorted((rng.uniform(2.0, STALL_WINDOW), rng.uniform(*STALL_SECONDS)) for _ in range(STALLS)),
+            row_locks=sorted(
+                (rng.uniform(2.0, CHAOS_WINDOW), rng.uniform(*ROW_LOCK_SECONDS)) for _ in range(ROW_LOCKS)
+            ),
         )
 
 
@@ -449,6 +472,7 @@ class Chaos:
     restarted: bool = False
     died_in_batch: int = 0  # workers that killed themselves in a group commit
     replacements: list[float] = field(default_factory=list)  # when to start one
+    started: int = 0  # workers started: every other one goes through the stalling proxy
 
 
 def insert_batch(db: DB, chaos: Chaos) -> None:
@@ -461,7 +485,140 @@ def insert_batch(db: DB, chaos: Chaos) -> None:
     chaos.batches += 1
 
 
-def step(chaos: Chaos, elapsed: float, db: DB, server: ChaosServer, workers: Workers) -> None:
+class Stalls:
+    """The planned stalls of the proxy some workers reach the server through,
+    one at a time. Each first inserts a long job on every queue and stalls
+    once a worker on the proxy runs one (or ARM_SECONDS later all the same):
+    the handler that may not outlive its lease is then mid-run."""
+
+    def __init__(self, plan: list[tuple[float, float]], proxy: Proxy, db: DB, inserted: set[int]) -> None:
+        self.plan = plan
+        self.proxy = proxy
+        self.db = db
+        self.inserted = inserted
+        self.done = 0
+        self.armed: tuple[float, list[int]] | None = None  # since when, the long jobs
+        self.until: float | None = None  # the end of the stall under way
+        self.mid_run = 0  # stalls that fell on a proxied worker's long run
+        self.long_jobs = 0
+
+    def step(self, elapsed: float, workers: Workers) -> None:
+        if self.until is not None:
+            if elapsed >= self.until:
+                self.proxy.resume()
+                self.until = None
+                self.done += 1
+            return
+        if self.armed is not None:
+            since, long_jobs = self.armed
+            running = self._running_on_proxy(long_jobs, workers)
+            if running or elapsed >= since + ARM_SECONDS:
+                self.mid_run += running
+                self.proxy.stall()
+                self.until = elapsed + self.plan[self.done][1]
+                self.armed = None
+            return
+        # Only under workers past their start-up: one that cannot migrate exits.
+        due = self.done < len(self.plan) and elapsed >= self.plan[self.done][0]
+        if due and workers.all_ready() and any(p.stalls for p in workers.alive()):
+            jobs = [Job(q, "chaos.Run", {"ms": LONG_RUN * 1000}, max_attempts=MAX_ATTEMPTS) for q in QUEUES]
+            long_jobs = insert_many(self.db, jobs)
+            self.inserted.update(long_jobs)
+            self.long_jobs += len(long_jobs)
+            self.armed = (elapsed, long_jobs)
+
+    def _running_on_proxy(self, long_jobs: list[int], workers: Workers) -> bool:
+        pids = [p.pid for p in workers.alive() if p.stalls]
+        rows = self.db.query(
+            "SELECT 1 FROM chaos_runs s WHERE s.event = 'start' AND s.job_id = ANY(%s) AND s.pid = ANY(%s)"
+            " AND NOT EXISTS (SELECT 1 FROM chaos_runs e WHERE e.event = 'end' AND e.job_id = s.job_id"
+            " AND e.attempt = s.attempt AND e.pid = s.pid)",
+            (long_jobs, pids),
+        )
+        return bool(rows)
+
+    @property
+    def stalled(self) -> bool:
+        return self.until is not None
+
+    @property
+    def finished(self) -> bool:
+        return self.done == len(self.plan) and self.until is None and self.armed is None
+
+
+class RowLocks:
+    """The planned row locks: another session takes a started row, as a
+    user's transaction might, and holds it for a while; one at a time."""
+
+    def __init__(self, plan: list[tuple[float, float]], url: str) -> None:
+        self.plan = plan
+        self.url = url
+        self.done = 0
+        self.held: tuple[psycopg2.extensions.connection, float] | None = None
+        self.rows: list[int] = []
+
+    def step(self, elapsed: float) -> None:
+        if self.held is not None:
+            conn, until = self.held
+            if elapsed >= until:
+                self._end(conn, commit=True)
+            return
+        if self.done < len(self.plan) and elapsed >= self.plan[self.done][0]:
+            self._take(elapsed + self.plan[self.done][1])
+
+    def _take(self, until: float) -> None:
+        """Lock a started row, if there is one now (else the next step tries again)."""
+        try:
+            conn = psycopg2.connect(self.url, application_name="chaos-lock", connect_timeout=10)
+        except psycopg2.Error:
+            return  # the server restarts: later
+        try:
+            with conn.cursor() as cur:
+                cur.execute(
+                    "SELECT id FROM jobs WHERE status = 'started' ORDER BY random() LIMIT 1 FOR UPDATE SKIP LOCKED"
+                )
+                row = cur.fetchone()
+        except psycopg2.Error:
+            row = None  # the server restarts: later
+        if row is None:
+            self._end(conn, commit=False)
+            return
+        self.rows.append(row[0])
+        self.held = (conn, until)
+
+    def _end(self, conn: psycopg2.extensions.connection, commit: bool) -> None:
+        try:
+            if commit:
+                conn.commit()
+        except psycopg2.Error:
+            pass  # a restart ended the session, and so the lock, already
+        finally:
+            conn.close()
+        if self.held is not None:
+            self.held = None
+            self.done += 1
+
+    @property
+    def finished(self) -> bool:
+        return self.done == len(self.plan) and self.held is None
+
+
+@dataclass
+class Faults:
+    """The faults beyond kills and the server's: stalls and row locks."""
+
+    stalls: Stalls
+    locks: RowLocks
+
+    def start(self, workers: Workers, chaos: Chaos, **env: str) -> Proc:
+        """Every other worker goes through the stalling proxy, unless it is
+        stalled now: a worker cannot start through a stalled link."""
+        proxied = chaos.started % 2 == 1 and not self.stalls.stalled
+        chaos.started += 1
+        return workers.start(self.stalls.proxy if proxied else None, **env)
+
+
+def step(chaos: Chaos, elapsed: float, db: DB, server: ChaosServer, workers: Workers, faults: Faults) -> None:
     """Do whatever is due at this moment of the run."""
     if chaos.batches < BATCHES and elapsed >= chaos.batches * BATCH_EVERY:
         insert_batch(db, chaos)
@@ -471,7 +628,7 @@ def step(chaos: Chaos, elapsed: float, db: DB, server: ChaosServer, workers: Wor
         chaos.replacements.extend(elapsed + chaos.rng.uniform(0.0, 1.5) for _ in range(WORKERS))
     for due in [t for t in chaos.replacements if t <= elapsed]:
         chaos.replacements.remove(due)
-        workers.start()
+        faults.start(workers, chaos)
     # Not the worker set to die in a group commit, while it has not: a kill
     # first would leave that crash untried. A kill with no other worker to
     # fall on waits for one.
@@ -481,6 +638,8 @@ def step(chaos: Chaos, elapsed: float, db: DB, server: ChaosServer, workers: Wor
         chaos.kills += 1
         # Replaced after a while: between blows two or three workers run.
         chaos.replacements.append(elapsed + chaos.rng.uniform(0.0, 1.5))
+    faults.stalls.step(elapsed, workers)
+    faults.locks.step(elapsed)
     # The server is cut only under workers past their start-up: a worker that
     # cannot migrate exits, as it should, and would be a false alarm here.
     if not workers.all_ready():
@@ -493,7 +652,7 @@ def step(chaos: Chaos, elapsed: float, db: DB, server: ChaosServer, workers: Wor
         chaos.terminations += 1
 
 
-def finished(chaos: Chaos, db: DB, workers: Workers) -> bool:
+def finished(chaos: Chaos, db: DB, workers: Workers, faults: Faults) -> bool:
     blows_done = (
         chaos.batches == BATCHES
         and chaos.kills == len(chaos.plan.kills)
@@ -501,12 +660,14 @@ def finished(chaos: Chaos, db: DB, workers: Workers) -> bool:
         and chaos.terminations == len(chaos.plan.terminations)
         and chaos.died_in_batch == 1
         and not chaos.replacements
+        and faults.stalls.finished
+        and faults.locks.finished
     )
     # A worker still starting up would die of SIGTERM before it handles it.
     return blows_done and workers.all_ready() and quiescent(db)
 
 
-def drive(chaos: Chaos, db: DB, server: ChaosServer, workers: Workers) -> None:
+def drive(chaos: Chaos, db: DB, server: ChaosServer, workers: Workers, faults: Faults) -> None:
     """Run the plan until every blow has fallen and the jobs have settled."""
     began = time.monotonic()
     # One of them crashes in a group commit: after the server has answered an
@@ -515,14 +676,15 @@ def drive(chaos: Chaos, db: DB, server: ChaosServer, workers: Workers) -> None:
     # claimed it, so beside the others it could hold no slot and wait for ever
     # for its Nth commit (one ran two jobs in two minutes); alone, it holds
     # every queue's and reaches it within its first jobs.
-    workers.start(CHAOS_DIE_IN_BATCH=str(chaos.rng.randint(5, 40)))
-    while not finished(chaos, db, workers):
+    faults.start(workers, chaos, CHAOS_DIE_IN_BATCH=str(chaos.rng.randint(5, 40)))
+    while not finished(chaos, db, workers, faults):
         elapsed = time.monotonic() - began
         assert elapsed < DEADLINE, (
             f"not done after {DEADLINE:g}s: {status_counts(db)}; died in a group commit {chaos.died_in_batch},"
-            f" kills {chaos.kills}, restarted {chaos.restarted}, terminations {chaos.terminations}"
+            f" kills {chaos.kills}, restarted {chaos.restarted}, terminations {chaos.terminations},"
+            f" stalls {faults.stalls.done}, row locks {faults.locks.done}"
         )
-        step(chaos, elapsed, db, server, workers)
+        step(chaos, elapsed, db, server, workers, faults)
         crashed = workers.unexpected_exits()
         assert not crashed, f"a worker exited by itself:\n{crashed[0].output()}"
         time.sleep(0.05)
@@ -533,25 +695,37 @@ def test_chaos_keeps_every_guarantee(chaos_server: ChaosServer, chaos_db: tuple[
     seed = int(os.environ.get("CHAOS_SEED") or random.randrange(1 << 30))
     chaos = Chaos(Plan.draw(seed), random.Random(seed + 1))
     began = time.monotonic()
+    proxy = Proxy(url)
+    faults = Faults(Stalls(chaos.plan.stalls, proxy, db, chaos.inserted), RowLocks(chaos.plan.row_locks, url))
     with Workers(url, tmp_path) as workers:
         try:
-            drive(chaos, db, chaos_server, workers)
+            drive(chaos, db, chaos_server, workers, faults)
             workers.stop_all(timeout=SHUTDOWN_WINDOW + 10)
         finally:
             print(f"\nchaos seed {seed}; worker logs in {tmp_path}")
+            proxy.close()
+            if faults.locks.held is not None:
+                faults.locks.held[0].close()
     for proc in workers.procs:
         if proc.termed_at is not None:
             assert proc.popen.returncode == 0, f"exit {proc.popen.returncode} after SIGTERM:\n{proc.output()}"
     killed_at = {p.pid: p.killed_at for p in workers.procs if p.killed_at is not None and p.termed_at is None}
     report = analyse(db, chaos.inserted, killed_at)
     print(summary(db, report, chaos, chaos_server.restarts, len(workers.procs), time.monotonic() - began))
+    print(
+        f"stalls={faults.stalls.done} mid_run={faults.stalls.mid_run} long_jobs={faults.stalls.long_jobs}"
+        f" {chaos.plan.stalls}"
+        f" stalled_workers={sum(p.stalls for p in workers.procs)}"
+        f" row_locks={faults.locks.done} {chaos.plan.row_locks} rows={faults.locks.rows}"
+    )
     if report.violations:
         dump(db, tmp_path)
     assert_clean(report)
     # The chaos really happened, and the run really ran.
     assert chaos.kills == KILLS and chaos_server.restarts >= 1 and chaos.terminated > 0
+    assert faults.stalls.done == STALLS and faults.locks.done == ROW_LOCKS
     assert report.max_overlap == 1
-    assert len(report.jobs) == BATCHES * BATCH_SIZE
+    assert len(report.jobs) == BATCHES * BATCH_SIZE + faults.stalls.long_jobs
 
 
 def summary(db: DB, report: Report, chaos: Chaos, restarts: int, workers: int, seconds: float) -> str:

@@ -6,13 +6,17 @@ an end written late; the test, the server and the workers share one host clock.
 
 Settings (environment):
   CHAOS_QUEUES     comma-separated queues (default c0,c1,c2,c3), concurrency 1
-  CHAOS_SLEEP_MS   "lo,hi": each run sleeps a random time in between (default 0,20)
+  CHAOS_SLEEP_MS   "lo,hi": each run sleeps a random time in between (default 0,20),
+                   unless its job's args name one ({"ms": N})
   CHAOS_FAIL_RATE  chance that a run raises after it ended (default 0.01)
   CHAOS_POLL_INTERVAL  the queues' fallback poll, in seconds (default 0.2);
                    long, for a test that must see a wakeup and not a poll
   CHAOS_DIE_IN_BATCH  N: the process SIGKILLs itself in its Nth group commit
                    that writes an outcome and claims, once the server has
                    answered and before any poller hears the answer
+  CHAOS_RECORD_URL the database to write chaos_runs through (default the
+                   worker's own): a worker whose own link may stall records
+                   its runs by another way, so each is stamped when it happens
 """
 
 from gevent import monkey
@@ -25,6 +29,7 @@ import random  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
 from collections.abc import Callable  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
 from datetime import UTC, datetime  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -34,6 +39,7 @@ import gevent  # noqa: E402
 
 import worker  # noqa: E402
 from lib import status  # noqa: E402
+from lib.args import unmarshal_args  # noqa: E402
 from lib.commit import Committer  # noqa: E402
 from lib.db import DB  # noqa: E402
 from lib.poller import PendingJob, Poller  # noqa: E402
@@ -54,6 +60,17 @@ RECORD = "INSERT INTO chaos_runs (job_id, queue, attempt, pid, event, at) VALUES
 # is never stretched to when the database came back.
 _late: list[tuple[int, str, int, datetime]] = []
 _late_db: DB | None = None
+_record_db: DB | None = None
+
+
+@dataclass
+class RunArgs:
+    ms: float = -1.0  # how long the run sleeps; negative: a random time in CHAOS_SLEEP_MS
+
+
+def _sleep_ms(job: PendingJob) -> float:
+    ms = unmarshal_args(RunArgs, job.args).ms
+    return ms if ms >= 0 else random.uniform(*SLEEP_MS)
 
 
 class ChaosFault(Exception):
@@ -100,21 +117,31 @@ def _flush_forever(db: DB) -> None:
 
 
 def make_queue(queue: str) -> Callable[[DB], Poller]:
-    def make(db: DB) -> Poller:
-        global _late_db
+    def make(worker_db: DB) -> Poller:
+        global _late_db, _record_db
+        record_url = os.environ.get("CHAOS_RECORD_URL") or worker_db.dsn
+        if _record_db is None:
+            _record_db = worker_db if record_url == worker_db.dsn else DB(record_url, application_name="chaos-record")
         if _late_db is None:
-            _late_db = DB(db.dsn, size=1, application_name="chaos-late")
+            _late_db = DB(record_url, size=1, application_name="chaos-late")
             gevent.spawn(_flush_forever, _late_db)
+        db = _record_db
 
         def run(job: PendingJob) -> str:
             try:
                 _record(db, job, queue, "start")
-            except Exception:
+            except BaseException:
                 # The start may have committed all the same (the connection
                 # died after the commit): an end closes it either way.
                 _late.append((job.id, queue, job.attempts, datetime.now(UTC)))
                 raise
-            gevent.sleep(random.uniform(*SLEEP_MS) / 1000)
+            try:
+                gevent.sleep(_sleep_ms(job) / 1000)
+            except BaseException:
+                # Stopped mid-run (its lease could not be kept): the run
+                # ended here, whenever the record gets through.
+                _late.append((job.id, queue, job.attempts, datetime.now(UTC)))
+                raise
             _end(db, job, queue)
             if random.random() < FAIL_RATE:
                 raise ChaosFault("deliberate")
