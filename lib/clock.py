@@ -31,6 +31,8 @@ from lib.insert import check_name, encode_args
 from lib.sql import Q
 
 log = logging.getLogger("jobs.clock")
+# How long one entry's enqueue may wait on a lock another transaction holds.
+FIRE_LOCK_TIMEOUT = 2.0
 
 Predicate = Callable[[datetime], bool]
 
@@ -239,7 +241,11 @@ class Clock:
             "minute": minute,
             "callsite": f"clock:{entry.name}",
         }
-        row = self.db.query_row(Q.clock_fire, params)
+        with self.db.transaction() as tx:
+            # One entry whose row another transaction holds (an uncommitted copy
+            # of its job, under a dedupe name) fails alone, in time for the rest.
+            tx.exec(f"SET LOCAL lock_timeout = {int(FIRE_LOCK_TIMEOUT * 1000)}")
+            row = tx.query_row(Q.clock_fire, params)
         ticked, job_id = row if row else (0, None)
         late = f" caught_up={minute:%Y-%m-%dT%H:%MZ}" if catch_up else ""
         if not ticked:

@@ -1,12 +1,14 @@
 import logging
+import time
 from datetime import UTC, datetime, timedelta, timezone
 
 import gevent
+import psycopg2
 import pytest
 from gevent.event import Event
 from tests_support import count_jobs
 
-from lib.clock import Clock, Scheduled, daily, every, floor_minute, hourly, last_match, weekdays
+from lib.clock import FIRE_LOCK_TIMEOUT, Clock, Scheduled, daily, every, floor_minute, hourly, last_match, weekdays
 from lib.db import DB
 from lib.insert import insert
 
@@ -363,3 +365,27 @@ def test_run_returns_at_once_when_stopped(clock_db):
     with gevent.Timeout(20):
         Clock(clock_db, [entry], now=lambda: at(0, 9, 0, 1)).run(stop)
     assert seen == []
+
+
+def test_an_entry_whose_tick_another_transaction_holds_fails_alone_in_time(clock_db, database_url, caplog):
+    """Another clock's transaction holds entry A's tick for this minute and
+    does not end (its link stalled): A's enqueue gives up at its lock
+    timeout, and B's is written in the same tick."""
+    a = Scheduled("caches", "caches.Age", every(15))
+    b = Scheduled("reports", "reports.Send", every(15))
+    minute = at(0, 3, 15)
+    other = psycopg2.connect(database_url)
+    try:
+        with other.cursor() as cur:
+            cur.execute("INSERT INTO clock_ticks (name, entry, minute) VALUES (%s, %s, %s)", (a.name, a.key, minute))
+        began = time.monotonic()
+        with gevent.Timeout(20), caplog.at_level(logging.ERROR, logger="jobs.clock"):
+            ids = Clock(clock_db, [a, b]).tick(minute)
+        took = time.monotonic() - began
+    finally:
+        other.rollback()
+        other.close()
+    assert jobs(clock_db) == [("reports", "reports.Send", {}, "clock:reports.Send", "pending")]
+    assert len(ids) == 1
+    assert FIRE_LOCK_TIMEOUT <= took < FIRE_LOCK_TIMEOUT + 5
+    assert [r.getMessage().split(" err: ")[0] for r in caplog.records] == ["clock job=caches.Age queue=caches"]
