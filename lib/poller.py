@@ -742,18 +742,19 @@ class Poller:
         }
 
     def _write_alone(self, job: PendingJob, outcome: Outcome, params: dict[str, Any]) -> None:
-        """The outcome by itself, sent again with backoff while the job's lease
-        holds: a lost connection, a server that does not answer, a row another
-        transaction holds each only delay the write. Safe to repeat whether or
-        not an earlier try reached the server: the update matches while the row
-        is this claim's or already holds this very outcome. Only a lease that
-        would lapse ends the tries: the row is then the rescue's. An outcome the
-        server refuses (a value it cannot store) is replaced by one saying so,
-        so the row still ends."""
+        """The outcome by itself, sent again with backoff while the row may
+        still be this claim's: a lost connection, a server that does not
+        answer, a row another transaction holds each only delay the write.
+        Safe to repeat, and safe after the lease lapsed: the update matches
+        only while the row is this claim's (not rescued) or already holds this
+        very outcome. The tries end a lease after the job's own would lapse,
+        when a rescue has had time to take the row. An outcome the server
+        refuses (a value it cannot store) is replaced by one saying so, so the
+        row still ends."""
         tags = {"queue": self.queue, "job": job.name, "job_id": job.id, "callsite": job.callsite}
         replacements = _replacements(outcome)
         retry = Backoff(base=WRITE_RETRY_BASE, cap=WRITE_RETRY_CAP)
-        until = time.monotonic() + self.lease  # a job the lease keeper does not hold: one lease from now
+        until = time.monotonic() + 2 * self.lease  # a job the lease keeper does not hold
         said = False
         while True:
             try:
@@ -778,8 +779,8 @@ class Poller:
                 why = "its row is held by another transaction"
             wait = retry.failed()
             held = self.leases.held.get(job.id)
-            if time.monotonic() + wait >= (held.good_until if held is not None else until):
-                self._give_up(job, f"outcome not written before its lease would lapse ({why})", None, tags)
+            if time.monotonic() + wait >= (held.good_until + self.lease if held is not None else until):
+                self._give_up(job, f"outcome not written within a lease after its own ({why})", None, tags)
                 return
             if not said:
                 said = True
