@@ -106,5 +106,9 @@ def test_a_worker_on_a_stalled_link_stops_its_run_before_its_lease_lapses(db, da
                 f"stopped {first[2] - stalled_at:.3f}s into the stall: {timings}"
             )
             assert status[0] == "ok", timings
+            print(
+                f"stalled run stopped {first[2] - stalled_at:.3f}s into the stall, "
+                f"the rescuer's began {second[1] - stalled_at:.3f}s into it (lease {LEASE}s)"
+            )
     finally:
         proxy.close()
