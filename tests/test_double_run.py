@@ -25,8 +25,9 @@ LEASE = 2.0
 class Workers:
     """Real worker processes on the "lease" queue, sharing one runs file."""
 
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, lease: float = LEASE) -> None:
         self.tmp_path = tmp_path
+        self.lease = lease
         self.procs: list[tuple[subprocess.Popen, Path]] = []
 
     def start(self, url: str) -> int:
@@ -39,7 +40,7 @@ class Workers:
                     "PATH": "/usr/bin:/bin",
                     "JOBS_HTTP_ADDR": "off",
                     "DATABASE_URL": url,
-                    "JOBS_LEASE_SECONDS": str(LEASE),
+                    "JOBS_LEASE_SECONDS": str(self.lease),
                     "RUNS_FILE": str(self.tmp_path / "runs"),
                 },
                 stdout=log,
@@ -60,8 +61,8 @@ class Workers:
 
 
 @contextmanager
-def lease_workers(tmp_path: Path, *urls: str) -> Iterator[Workers]:
-    workers = Workers(tmp_path)
+def lease_workers(tmp_path: Path, *urls: str, lease: float = LEASE) -> Iterator[Workers]:
+    workers = Workers(tmp_path, lease)
     try:
         for url in urls:
             workers.start(url)

@@ -4,21 +4,14 @@ balancer), so no socket error ever comes and TCP keepalives are answered.
 The stalled worker must stop its handler on its own before its lease lapses,
 and live on once the link comes back."""
 
-import signal
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
 
 from proxy import Proxy
-from test_double_run import runs, wait_finished
-from tests_support import ROOT, wait_for
+from test_double_run import lease_workers, runs, wait_finished
+from tests_support import wait_for
 
 from lib.insert import insert
 
-LEASE_WORKER = ROOT / "tests" / "apps" / "lease_worker.py"
 LEASE = 3.0
 STALL = 8.0  # longer than two leases: another worker takes the job over meanwhile
 JOB_SECONDS = 10.0
@@ -26,59 +19,10 @@ JOB_SECONDS = 10.0
 TOLERANCE = 0.5
 
 
-class Workers:
-    """Real lease_worker processes on the "lease" queue, sharing one runs file."""
-
-    def __init__(self, tmp_path: Path, lease: float) -> None:
-        self.tmp_path = tmp_path
-        self.lease = lease
-        self.procs: list[tuple[subprocess.Popen, Path]] = []
-
-    def start(self, url: str) -> int:
-        """Start one on url and wait until it works its queue; its pid."""
-        log_path = self.tmp_path / f"worker{len(self.procs)}.log"
-        with open(log_path, "w") as log:
-            proc = subprocess.Popen(
-                [sys.executable, str(LEASE_WORKER)],
-                env={
-                    "PATH": "/usr/bin:/bin",
-                    "JOBS_HTTP_ADDR": "off",
-                    "DATABASE_URL": url,
-                    "JOBS_LEASE_SECONDS": str(self.lease),
-                    "RUNS_FILE": str(self.tmp_path / "runs"),
-                },
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        self.procs.append((proc, log_path))
-        wait_for(lambda: "running 1 queues" in log_path.read_text(), 30)
-        return proc.pid
-
-    def stop(self) -> None:
-        """Each is still running, exits 0 on SIGTERM, and no part of it died
-        on the way (a supervised restart would hide a bug)."""
-        for proc, log_path in self.procs:
-            assert proc.poll() is None, log_path.read_text()[-3000:]
-            proc.send_signal(signal.SIGTERM)
-            assert proc.wait(timeout=30) == 0, log_path.read_text()[-3000:]
-            assert " died: " not in log_path.read_text(), log_path.read_text()[-3000:]
-
-
-@contextmanager
-def lease_workers(tmp_path: Path, lease: float) -> Iterator[Workers]:
-    workers = Workers(tmp_path, lease)
-    try:
-        yield workers
-        workers.stop()
-    finally:
-        for proc, _ in workers.procs:
-            proc.kill()
-
-
 def test_a_worker_on_a_stalled_link_stops_its_run_before_its_lease_lapses(db, database_url, tmp_path):
     proxy = Proxy(database_url)
     try:
-        with lease_workers(tmp_path, LEASE) as workers:
+        with lease_workers(tmp_path, lease=LEASE) as workers:
             stalled = workers.start(proxy.url)
             job_id = insert(db, "lease", "lease.Sleep", {"seconds": JOB_SECONDS}, max_attempts=2)
             wait_for(lambda: len(runs(tmp_path)) == 1)
