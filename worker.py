@@ -5,6 +5,7 @@ monkey.patch_all()  # first: every later import must see the cooperative stdlib
 import logging  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
+import time  # noqa: E402
 from collections.abc import Callable, Sequence  # noqa: E402
 from dataclasses import replace  # noqa: E402
 from datetime import UTC, datetime, timedelta  # noqa: E402
@@ -26,12 +27,14 @@ from lib.migrate import migrate  # noqa: E402
 from lib.poller import FINALIZING, Poller  # noqa: E402
 from lib.queue_state import AUTH_PREFIX, pause, resume  # noqa: E402
 from lib.retry import Backoff  # noqa: E402
-from lib.settings import SettingError, Settings  # noqa: E402
+from lib.settings import SettingError, Settings, dsn_place, mask_secret  # noqa: E402
 from lib.supervise import Supervisor  # noqa: E402
 from lib.wakeups import Listener  # noqa: E402
 
 if TYPE_CHECKING:
     from argparse import Namespace
+
+    from lib.httpd import HttpServer, Starting
 
 log = logging.getLogger("jobs.worker")
 
@@ -79,20 +82,149 @@ def main(
 
         # Only the URL: no pool, no migration.
         return commands.db_url(url, args, sys.stdout)
-    db = _connect(url, size=len(registry) + POOL_BUFFER, pooled=settings.pooled)
+    size = len(registry) + POOL_BUFFER
+    if args.command in (None, "run"):
+        # --shutdown-window, when given, over JOBS_SHUTDOWN_WINDOW.
+        return _start(url, size, registry, replace(settings, shutdown_window=args.shutdown_window), schedule)
+    db = _connect_once(url, size, settings.pooled, args.command)
+    if db is None:
+        return 1
     try:
         _say_pooler(db, settings)
         migrate(db)
-        if args.command in (None, "run"):
-            # --shutdown-window, when given, over JOBS_SHUTDOWN_WINDOW.
-            try:
-                return run(db, registry, replace(settings, shutdown_window=args.shutdown_window), schedule=schedule)
-            except SettingError as exc:  # one only the registry can check (JOBS_QUEUES)
-                print(f"worker: {exc}", file=sys.stderr)
-                return 2
         return _operate(db, args, registry)
     finally:
         db.close()
+
+
+def _start(url: str, size: int, registry: Registry, settings: Settings, schedule: Sequence[Scheduled]) -> int:
+    """The worker: its HTTP endpoints first, saying it is starting, so that
+    /healthz answers while the database does not; then the database, waited
+    for; then run(). SIGTERM while it waits stops it with 0."""
+    stop = Event()
+    supervisor = Supervisor(stop)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        gevent.signal_handler(signum, stop.set)
+    starting, http = _serve_starting(settings, supervisor)
+    try:
+        db = _connect_at_start(url, size, settings.pooled, stop, starting)
+        if db is None:
+            log.info("stopped before the database answered")
+            return 0
+        try:
+            _starting(starting, "starting: migrating the database")
+            _say_pooler(db, settings)
+            migrate(db)
+            _starting(starting, "starting: building the queues")
+            return run(db, registry, settings, schedule=schedule, stop=stop, supervisor=supervisor, http=http)
+        except SettingError as exc:  # one only the registry can check (JOBS_QUEUES)
+            print(f"worker: {exc}", file=sys.stderr)
+            return 2
+        finally:
+            db.close()
+    finally:
+        stop.set()
+        gevent.killall(list(supervisor.greenlets.values()))
+
+
+def _serve_starting(settings: Settings, supervisor: Supervisor) -> "tuple[Starting | None, HttpServer | None]":
+    """The HTTP server, started under the supervisor with the app that says
+    the worker is starting (run() gives it the worker's own), and what it
+    says; none when JOBS_HTTP_ADDR is off."""
+    if settings.http_addr is None:
+        return None, None
+    # Only here: the endpoints load prometheus-client, which a worker that
+    # serves none does without (lib/tally.py).
+    from lib.httpd import HttpServer, Starting, starting_app
+
+    starting = Starting()
+    http = HttpServer(settings.http_addr, starting_app(starting))
+    supervisor.spawn("http", http.serve)
+    return starting, http
+
+
+# One try at the database gets this long, its connect and first statement
+# both: libpq's connect_timeout does not bound a connect that waits through
+# gevent's wait callback (lib/db.py), so a server that accepts the TCP
+# connection and never answers would hold the try for ever.
+CONNECT_TIMEOUT = 10.0
+
+
+class Unreachable(Exception):
+    """A try at the database failed: the message says why, on one line, with no password."""
+
+
+def _connect_within(url: str, size: int, pooled: bool, timeout: float = CONNECT_TIMEOUT) -> DB:
+    """The pool, once a first statement has run on it within timeout; raises
+    Unreachable when the database cannot be reached (or refuses this worker)."""
+    timer = gevent.Timeout(timeout)
+    timer.start()
+    try:
+        return DB.connect(url, size=size, pooled=pooled)
+    except gevent.Timeout as exc:
+        if exc is not timer:
+            raise
+        raise Unreachable(f"no answer within {timeout:g}s") from None
+    except Exception as exc:
+        if not is_conn_failure(exc):
+            raise
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise Unreachable(mask_secret(first, url)) from exc
+    finally:
+        timer.close()
+
+
+def _connect_once(url: str, size: int, pooled: bool, command: str) -> DB | None:
+    """The pool for an operator's command, or None after one line saying
+    where the database is and why it could not be used: a command run by
+    hand or by cron gives up within CONNECT_TIMEOUT rather than wait for a
+    database that may never come."""
+    try:
+        return _connect_within(url, size, pooled)
+    except Unreachable as exc:
+        print(f"{command}: could not connect to the database at {dsn_place(url)}: {exc}", file=sys.stderr)
+        return None
+
+
+def _starting(starting: "Starting | None", state: str) -> None:
+    """What /healthz says while the worker starts (nothing without HTTP)."""
+    if starting is not None:
+        starting.state = state
+
+
+def _connect_at_start(url: str, size: int, pooled: bool, stop: Event, starting: "Starting | None") -> DB | None:
+    """The pool, once the database answers: a worker started while it is
+    down (a host reboot, say) waits for it, with backoff, instead of dying.
+    One line when it starts failing and one when it connects, and /healthz
+    says it waits meanwhile. None: stopped first."""
+    place = dsn_place(url)
+    retry = Backoff()
+    began = time.monotonic()
+    while True:
+        try:
+            db = _connect_within(url, size, pooled)
+        except Unreachable as exc:
+            if not retry.failures:
+                log.warning(
+                    "database at start failing: could not connect to the database at %s: %s;"
+                    " trying again with backoff, at most %gs apart",
+                    place,
+                    exc,
+                    retry.cap,
+                )
+                errors.capture(exc.__cause__ or exc, message="database at start failing")
+            _starting(starting, f"waiting for the database at {place}: {exc}")
+            if stop.wait(retry.failed()):
+                return None
+            continue
+        if retry.failures:
+            log.warning(
+                "database at start recovered: connected to the database at %s after %d failed tries over %.1fs",
+                place,
+                retry.failures,
+                time.monotonic() - began,
+            )
+        return db
 
 
 def _args(settings: Settings, argv: Sequence[str]) -> "Namespace | SimpleNamespace":
@@ -111,24 +243,6 @@ def _embedded_url(settings: Settings) -> str:
     from lib import embedded
 
     return embedded.database_url(settings)
-
-
-def _connect(url: str, size: int, pooled: bool) -> DB:
-    """The pool, once the database answers: a worker started while it is down
-    (a host reboot, say) waits for it instead of dying, and reports once."""
-    outage = Outage("database at start")
-    retry = Backoff()
-    while True:
-        try:
-            db = DB.connect(url, size=size, pooled=pooled)
-        except Exception as exc:
-            if not is_conn_failure(exc):
-                raise
-            outage.failed(exc)
-            gevent.sleep(retry.failed())
-            continue
-        outage.recovered()
-        return db
 
 
 def _say_pooler(db: DB, settings: Settings) -> None:
@@ -198,11 +312,13 @@ def run(
     schedule: Sequence[Scheduled] = (),
     stop: Event | None = None,
     supervisor: Supervisor | None = None,
+    http: "HttpServer | None" = None,
 ) -> int:
     """One supervised greenlet per poller slot, and the listener, the lease
     keeper, the clock and the HTTP endpoints (at settings.http_addr; None:
     none), until SIGTERM/SIGINT (or stop); then stop claiming, give running
-    jobs the shutdown window, and write off the rest."""
+    jobs the shutdown window, and write off the rest. http: the server
+    already started (main's, under this supervisor), to serve the worker's app."""
     refuse_fork()  # a handler's fork would clone the whole worker (lib/forks.py)
     stop = stop or Event()
     supervisor = supervisor or Supervisor(stop)
@@ -262,9 +378,8 @@ def run(
         # serves none does without (lib/tally.py).
         from lib import httpd
 
-        server = httpd.for_worker(
+        app = httpd.worker_app(
             db,
-            settings.http_addr,
             admin_token=settings.admin_token,
             queues=[p.queue for p in pollers],
             listener=listener,
@@ -272,7 +387,12 @@ def run(
             stop=stop,
             outage=outage,
         )
-        helpers.append(supervisor.spawn("http", server.serve))
+        if http is None:
+            http = httpd.HttpServer(settings.http_addr, app)
+            supervisor.spawn("http", http.serve)
+        else:
+            http.app = app  # the server main started, saying the worker was starting
+        helpers.append(supervisor.greenlets["http"])
     elif settings.admin_token:
         log.warning("JOBS_ADMIN_TOKEN is set but JOBS_HTTP_ADDR is off: there is no admin page")
     greenlets = [

@@ -28,7 +28,14 @@ def database_url() -> str:
     return embedded.database_url(Settings.from_environ())
 
 
+# Seconds a connect may take unless the caller says otherwise: without one
+# libpq waits on a host that does not answer for as long as TCP does (minutes).
+CONNECT_TIMEOUT = 10
+
+
 def connect(**kwargs: Any) -> psycopg2.extensions.connection:
     """A new psycopg2 connection (not in autocommit: `with conn:` commits or
-    rolls back); keyword arguments go to psycopg2.connect."""
+    rolls back), given up after CONNECT_TIMEOUT seconds when the database
+    does not answer; keyword arguments go to psycopg2.connect."""
+    kwargs.setdefault("connect_timeout", CONNECT_TIMEOUT)
     return psycopg2.connect(database_url(), **kwargs)

@@ -2,8 +2,11 @@
 loop: /metrics (Prometheus), /healthz, /readyz, and the admin page under
 /admin/ (lib/admin) when it is on.
 
-The server is one supervised part of the worker: a server that cannot bind
-(the port is taken) dies, is reported, and is started again with backoff.
+The server is one supervised part of the worker. One that cannot bind (the
+port is taken: another worker on the host) says so once and tries again
+quietly; the worker runs on without its endpoints meanwhile. It may start
+before the worker has its database, serving starting_app until the worker's
+own app takes its place.
 
 No client can take the descriptors the worker's own parts need (its pool,
 listener and lease connections, its jobs' sockets): a request head has a
@@ -14,6 +17,7 @@ takes the place of the one that has waited longest for a head.
 from __future__ import annotations
 
 import logging
+import os
 import socket
 from collections.abc import Iterable
 from typing import Any
@@ -58,6 +62,10 @@ MAX_CONNECTIONS = 200
 # once accepts have gone this long without a failure: a shortage that lets
 # some accepts through is still one shortage, and one line.
 ACCEPT_QUIET = 10.0
+# While the address is taken, a bind is tried again this often: the process
+# holding the port (an old worker lingering, another worker on the host) may
+# go, and an operator who frees the port gets the endpoints without a restart.
+BIND_RETRY = 30.0
 
 
 class Health:
@@ -100,6 +108,27 @@ class Health:
         first = (str(exc).strip().splitlines() or [""])[0]
         # libpq's messages name the host, not the password; masked all the same.
         return one_line(mask_secret(f"{type(exc).__name__}: {first}"[:300], self.db.dsn))
+
+
+class Starting:
+    """What /healthz and /readyz say before the worker has its database:
+    `state`, set by the worker as its start goes on."""
+
+    def __init__(self, state: str = "starting: connecting to the database") -> None:
+        self.state = state
+
+
+def starting_app(starting: Starting) -> App:
+    """The app served before the worker has its database. /healthz answers
+    200 (the process is alive and doing what it should: waiting), with the
+    state; every other page is 503 with the state, as nothing can be read yet."""
+
+    def app(environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
+        if Request(environ).path == "/healthz":
+            return text(200, starting.state)(environ, start_response)
+        return text(503, starting.state)(environ, start_response)
+
+    return app
 
 
 def make_app(health: Health, registry: CollectorRegistry, *, admin: App | None = None) -> App:
@@ -272,9 +301,12 @@ class HttpServer:
         *,
         head_timeout: float = HEAD_TIMEOUT,
         max_connections: int = MAX_CONNECTIONS,
+        bind_retry: float | None = None,
     ) -> None:
         self.addr = addr
+        # Read at each request: the worker swaps starting_app for its own once it has its database.
         self.app = app
+        self.bind_retry = BIND_RETRY if bind_retry is None else bind_retry
         self.head_timeout = head_timeout
         self.max_connections = max_connections
         self.port: int | None = None  # the bound port once serving (addr may ask for 0)
@@ -291,14 +323,14 @@ class HttpServer:
         return len(self._server.waiting) if self._server is not None else 0
 
     def serve(self, stop: Event) -> None:
-        """Raises when the address cannot be bound: the supervisor tries again."""
-        # Bound here, not by gevent: its own listener leaks the socket when
-        # the bind fails, once per restart while the port is taken.
-        family = socket.AF_INET6 if ":" in self.addr[0] else socket.AF_INET
-        listener = socket.create_server(self.addr, family=family)
+        """Binds (waiting while the address is taken) and serves until killed;
+        returns when stop is set before the address could be bound."""
+        listener = self._bind(stop)
+        if listener is None:
+            return
         server = _Server(
             listener,
-            self.app,
+            self._dispatch,
             head_timeout=self.head_timeout,
             max_connections=self.max_connections,
             # Else gevent asks the resolver for the address's name (a reverse
@@ -321,10 +353,44 @@ class HttpServer:
             self.serving.clear()
             server.stop(timeout=STOP_TIMEOUT)
 
+    def _dispatch(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
+        return self.app(environ, start_response)
 
-def for_worker(
+    def _bind(self, stop: Event) -> socket.socket | None:
+        """The listening socket; while the address cannot be bound, one
+        warning and a quiet try every bind_retry seconds (no traceback: a
+        taken port is the operator's to change, not a bug); None once stop is set.
+        Bound here, not by gevent: its own listener leaks the socket when the
+        bind fails, once per try while the port is taken."""
+        family = socket.AF_INET6 if ":" in self.addr[0] else socket.AF_INET
+        warned = False
+        while True:
+            try:
+                return socket.create_server(self.addr, family=family)
+            except OSError as exc:
+                if not warned:
+                    log.warning(
+                        "cannot listen on %s: %s; the worker runs without /healthz, /readyz, /metrics and the"
+                        " admin page, and tries again every %gs (each worker on a host needs its own"
+                        " JOBS_HTTP_ADDR, or JOBS_HTTP_ADDR=off)",
+                        _shown(self.addr),
+                        # Not str(exc): create_server's adds the address a second time.
+                        os.strerror(exc.errno) if exc.errno and exc.errno > 0 else exc,
+                        self.bind_retry,
+                    )
+                    warned = True
+            if stop.wait(self.bind_retry):
+                return None
+
+
+def _shown(addr: tuple[str, int]) -> str:
+    """host:port as JOBS_HTTP_ADDR writes it ([v6]:port)."""
+    host, port = addr
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def worker_app(
     db: Any,
-    addr: tuple[str, int],
     *,
     admin_token: str | None,
     queues: Iterable[str],
@@ -332,8 +398,8 @@ def for_worker(
     supervisor: Any,
     stop: Event,
     outage: Any,
-) -> HttpServer:
-    """The server over a running worker's own objects: its pool, listener,
+) -> App:
+    """The app over a running worker's own objects: its pool, listener,
     supervisor and queues (shown even while they have no rows)."""
     queues = sorted(set(queues))
     registry = metrics.registry(
@@ -352,4 +418,4 @@ def for_worker(
         from lib.admin import Admin
 
         admin = Admin(db, admin_token, queue_stats=stats.queue_stats, workers=stats.workers, queues=queues)
-    return HttpServer(addr, make_app(Health(db, listener=listener, stop=stop), registry, admin=admin))
+    return make_app(Health(db, listener=listener, stop=stop), registry, admin=admin)

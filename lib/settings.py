@@ -12,6 +12,7 @@ that one place.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import math
 import os
@@ -363,12 +364,110 @@ def masked_dsn(dsn: str) -> str:
 
 
 def check_dsn(dsn: str, name: str = "DATABASE_URL") -> None:
-    """Refuse a DSN the driver cannot parse, naming it (the setting name) with
-    the password masked (libpq quotes the bad part, which may be the password itself)."""
+    """Refuse a DSN that can never connect, naming the setting, before any
+    connect: one libpq cannot parse (an unknown option included), a port, a
+    host or an option value it would refuse only when it connects (where a
+    worker would take it for a database that is down). The password is
+    masked (libpq quotes the bad part, which may be the password itself), and
+    a value that is not a URL at all is not quoted: it may be a password
+    pasted into the wrong variable."""
     import psycopg2.extensions  # here: lib.errors reads dsn_secrets without a database driver
 
+    is_url = _URL.match(dsn.strip()) is not None
     try:
-        psycopg2.extensions.parse_dsn(dsn)
+        options = psycopg2.extensions.parse_dsn(dsn)
     except psycopg2.Error as exc:
+        if not is_url:
+            raise SettingError(
+                f"{name} is malformed: neither a postgresql:// URL nor key=value settings"
+                " (its value is not shown: it may hold a password)"
+            ) from None
         reason = mask_secret(str(exc).strip(), dsn)
         raise SettingError(f"{name} is malformed: {reason} (in {masked_dsn(dsn)})") from None
+    problem = _dsn_problem(options)
+    if problem:
+        raise SettingError(f"{name} {problem}")
+
+
+# libpq's options whose values it checks only when it connects, with the
+# values it takes (libpq 17; an option a libpq does not know fails parse_dsn).
+_CHOICES = {
+    "sslmode": ("disable", "allow", "prefer", "require", "verify-ca", "verify-full"),
+    "gssencmode": ("disable", "prefer", "require"),
+    "channel_binding": ("disable", "prefer", "require"),
+    "sslnegotiation": ("postgres", "direct"),
+    "sslcertmode": ("disable", "allow", "require"),
+    "load_balance_hosts": ("disable", "random"),
+    "target_session_attrs": ("any", "read-write", "read-only", "primary", "standby", "prefer-standby"),
+}
+_TLS_VERSIONS = ("TLSv1", "TLSv1.1", "TLSv1.2", "TLSv1.3")
+_WHOLE_OPTIONS = (
+    "connect_timeout",
+    "keepalives",
+    "keepalives_idle",
+    "keepalives_interval",
+    "keepalives_count",
+    "tcp_user_timeout",
+)
+# A host name as DNS (and /etc/hosts) can hold one; a socket folder starts with "/" or "@".
+_HOST_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+_WHOLE = re.compile(r"\s*[+-]?\d+\s*")
+
+
+def _dsn_problem(options: Mapping[str, str]) -> str | None:
+    """What in libpq's reading of a DSN can never connect, as the end of a
+    sentence that starts with the setting's name; None: nothing."""
+    hosts = options.get("host", "").split(",")
+    ports = options.get("port", "").split(",")
+    for port in ports:
+        if port.strip() and not (port.strip().isdigit() and 1 <= int(port) <= 65535):
+            return f"has a bad port {port!r}: a port is a number from 1 to 65535"
+    if len(ports) > 1 and len(ports) != len(hosts):
+        return f"has {len(ports)} ports for {len(hosts)} hosts: give one port, or one for each host"
+    for host in hosts:
+        if host and not (host[0] in "/@" or _HOST_NAME.fullmatch(host) or _is_ip(host)):
+            return f"has a bad host {host!r}: a host name, an IP address or a socket folder"
+    for address in filter(None, options.get("hostaddr", "").split(",")):
+        if not _is_ip(address):
+            return f"has a bad hostaddr {address!r}: an IP address"
+    for key, choices in _CHOICES.items():
+        if key in options and options[key] not in choices:
+            return f"has a bad {key} {options[key]!r}: one of {', '.join(choices)}"
+    for key in ("ssl_min_protocol_version", "ssl_max_protocol_version"):
+        if options.get(key) and options[key].lower() not in {v.lower() for v in _TLS_VERSIONS}:
+            return f"has a bad {key} {options[key]!r}: one of {', '.join(_TLS_VERSIONS)}"
+    for key in _WHOLE_OPTIONS:
+        if options.get(key) and not _WHOLE.fullmatch(options[key]):
+            return f"has a bad {key} {options[key]!r}: a whole number"
+    return None
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
+def dsn_place(dsn: str) -> str:
+    """Where a DSN points, for a line an operator reads: each host:port,
+    never the user or the password; a socket folder as itself."""
+    import psycopg2.extensions
+
+    try:
+        options = psycopg2.extensions.parse_dsn(dsn)
+    except psycopg2.Error:
+        return "(a host it does not name)"  # check_dsn refuses such a DSN before any connect
+    hosts = (options.get("host") or options.get("hostaddr") or "").split(",")
+    ports = (options.get("port") or "").split(",")
+    if len(ports) == 1:
+        ports = ports * len(hosts)
+    places = []
+    for host, port in zip(hosts, ports, strict=False):
+        port = port.strip() or "5432"
+        if not host or host[0] in "/@":
+            places.append(f"the socket in {host or 'the default folder'} (port {port})")
+        else:
+            places.append(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+    return ", ".join(places)

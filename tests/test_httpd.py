@@ -108,24 +108,31 @@ def test_unknown_paths_methods_and_the_admin_page_when_off(db):
         assert requests.head(f"{base}/healthz", timeout=5).status_code == 200
 
 
-def test_a_server_that_cannot_bind_is_restarted_until_it_can(db):
-    """The port is taken when the worker starts (an old process lingering):
-    the part dies, the supervisor says so and starts it again with backoff,
-    and once the port is free the endpoints answer without a worker restart."""
+def test_a_server_that_cannot_bind_warns_once_and_binds_once_the_port_is_free(db, caplog):
+    """The port is taken when the worker starts (an old process lingering,
+    another worker on the host): one warning, quiet tries (no death for the
+    supervisor to restart and log), and once the port is free the endpoints
+    answer without a worker restart."""
     blocker = socket.socket()
     blocker.bind(("127.0.0.1", 0))
     blocker.listen()
     port = blocker.getsockname()[1]
-    server = HttpServer(("127.0.0.1", port), _app(db))
+    server = HttpServer(("127.0.0.1", port), _app(db), bind_retry=0.05)
     stop = Event()
     supervisor = Supervisor(stop, first_delay=0.05, max_delay=0.2)
     part = supervisor.spawn("http", server.serve)
     try:
-        wait_for(lambda: supervisor.restarts["http"] >= 2, 10)
+        wait_for(lambda: any("cannot listen on" in r.getMessage() for r in caplog.records), 10)
         assert not server.serving.is_set()
         blocker.close()
         assert server.serving.wait(10)
         assert requests.get(f"http://127.0.0.1:{port}/healthz", timeout=5).text == "ok\n"
+        assert supervisor.restarts["http"] == 0
+        assert [r.getMessage() for r in caplog.records if "cannot listen on" in r.getMessage()] == [
+            f"cannot listen on 127.0.0.1:{port}: Address already in use; the worker runs without /healthz,"
+            " /readyz, /metrics and the admin page, and tries again every 0.05s (each worker on a host needs"
+            " its own JOBS_HTTP_ADDR, or JOBS_HTTP_ADDR=off)"
+        ]
     finally:
         stop.set()
         part.kill()
