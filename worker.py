@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING  # noqa: E402
 import gevent  # noqa: E402
 from gevent.event import Event  # noqa: E402
 
-from lib import blocked, dedupe, errors, logs, queue_state, stats, workers  # noqa: E402
+from lib import blocked, dedupe, errors, logs, queue_state, setup_check, stats, workers  # noqa: E402
 from lib.clock import Clock, Scheduled  # noqa: E402
 from lib.db import DB, behind_pooler, is_conn_failure, is_database_error  # noqa: E402
 from lib.errors import Outage  # noqa: E402
@@ -50,11 +50,12 @@ POOL_BUFFER = 4
 def main(
     registry: Registry | Callable[[Settings], Registry],
     argv: Sequence[str] | None = None,
-    schedule: Sequence[Scheduled] = (),
+    schedule: Sequence[Scheduled] | Callable[[], Sequence[Scheduled]] = (),
 ) -> int:
     """The command line. registry: the queues, or a function that builds them
     from the settings (queues.registry: tokens, retention); a test's app
-    passes its list."""
+    passes its list. schedule: the entries, or a loader of them
+    (lib.setup_check.loader), whose fault is then one line, not a traceback."""
     try:
         settings = Settings.from_environ()
     except SettingError as exc:
@@ -63,6 +64,13 @@ def main(
         return 2
     if not isinstance(registry, Sequence):
         registry = registry(settings)
+    try:
+        # Before every command, check among them: check then fails on what the
+        # worker refuses, and the worker refuses it before any part starts.
+        schedule = setup_check.checked(registry, schedule)
+    except SettingError as exc:
+        print(f"worker: {exc}", file=sys.stderr)
+        return 2
     args = _args(settings, sys.argv[1:] if argv is None else argv)
     # Every line, event and stored traceback is masked of the configured
     # secrets: a fault's message may quote one.
@@ -357,6 +365,5 @@ def _start_pollers(
 
 if __name__ == "__main__":
     from queues import registry
-    from queues.schedule import SCHEDULE
 
-    sys.exit(main(registry, schedule=SCHEDULE))
+    sys.exit(main(registry, schedule=setup_check.loader("queues.schedule")))
