@@ -168,11 +168,16 @@ def _operate(db: DB, args: "Namespace | SimpleNamespace", registry: Registry) ->
     from lib import commands, registry_check
 
     out, err = sys.stdout, sys.stderr
-    if args.command in ("pause", "resume", "redrive", "retry") and args.queue is not None:
-        # A slip in a queue's name would pause nothing, or find nothing to redrive, and say it did.
-        known = registry_check.handled(registry, [])
-        if args.queue not in known:
-            print(f"{args.command}: no queue {args.queue!r} is registered (queues: {', '.join(known)})", file=err)
+    handled: dict[str, frozenset[str]] = {}
+    if args.command in ("status", "pause", "resume", "enqueue", "failed", "redrive", "retry"):
+        # The registry's queues and their job names, from the constructors
+        # alone, and those live workers run (another release, another entry
+        # point): a queue with no rows yet is listed, a job none runs refused.
+        handled = commands.known_handled(db, registry_check.handled(registry, []))
+        # A slip in a name would pause nothing, or find nothing, and say it did.
+        unknown = commands.unknown_names(db, args, handled)
+        if unknown is not None:
+            print(f"{args.command}: {unknown}", file=err)
             return 2
     if args.command in ("redrive", "retry"):
         return commands.redrive_failed(db, args, out, err)
@@ -182,13 +187,11 @@ def _operate(db: DB, args: "Namespace | SimpleNamespace", registry: Registry) ->
         return commands.show(db, args, out, err)
     if args.command == "cancel":
         return commands.cancel(db, args, out)
-    if args.command in ("status", "enqueue"):
-        # The registry's queues and their job names, from the constructors
-        # alone: a queue with no rows yet is listed, a job no queue runs refused.
-        handled = registry_check.handled(registry, [])
-        if args.command == "status":
-            return commands.status(db, args, out, queues=handled)
-        return commands.enqueue(db, args, out, err, handled=handled)
+    if args.command == "status":
+        return commands.status(db, args, out, queues=handled)
+    if args.command == "enqueue":
+        args_type = registry_check.args_types(registry).get((args.queue, args.name))
+        return commands.enqueue(db, args, out, err, handled=handled, args_type=args_type)
     if args.command == "pause":
         until = datetime.now(UTC) + timedelta(minutes=args.minutes) if args.minutes else None
         pause(db, args.queue, args.reason, until)
