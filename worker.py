@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING  # noqa: E402
 import gevent  # noqa: E402
 from gevent.event import Event  # noqa: E402
 
-from lib import blocked, dedupe, errors, logs, queue_state, stats, workers  # noqa: E402
+from lib import blocked, dedupe, errors, logs, queue_state, setup_check, stats, workers  # noqa: E402
 from lib.clock import Clock, Scheduled  # noqa: E402
 from lib.db import DB, behind_pooler, is_conn_failure, is_database_error  # noqa: E402
 from lib.errors import Outage  # noqa: E402
@@ -53,11 +53,12 @@ POOL_BUFFER = 4
 def main(
     registry: Registry | Callable[[Settings], Registry],
     argv: Sequence[str] | None = None,
-    schedule: Sequence[Scheduled] = (),
+    schedule: Sequence[Scheduled] | Callable[[], Sequence[Scheduled]] = (),
 ) -> int:
     """The command line. registry: the queues, or a function that builds them
     from the settings (queues.registry: tokens, retention); a test's app
-    passes its list."""
+    passes its list. schedule: the entries, or a loader of them
+    (lib.setup_check.loader), whose fault is then one line, not a traceback."""
     try:
         settings = Settings.from_environ()
     except SettingError as exc:
@@ -66,6 +67,13 @@ def main(
         return 2
     if not isinstance(registry, Sequence):
         registry = registry(settings)
+    try:
+        # Before every command, check among them: check then fails on what the
+        # worker refuses, and the worker refuses it before any part starts.
+        schedule = setup_check.checked(registry, schedule)
+    except SettingError as exc:
+        print(f"worker: {exc}", file=sys.stderr)
+        return 2
     args = _args(settings, sys.argv[1:] if argv is None else argv)
     # Every line, event and stored traceback is masked of the configured
     # secrets: a fault's message may quote one.
@@ -274,11 +282,16 @@ def _operate(db: DB, args: "Namespace | SimpleNamespace", registry: Registry) ->
     from lib import commands, registry_check
 
     out, err = sys.stdout, sys.stderr
-    if args.command in ("pause", "resume", "redrive", "retry") and args.queue is not None:
-        # A slip in a queue's name would pause nothing, or find nothing to redrive, and say it did.
-        known = registry_check.handled(registry, [])
-        if args.queue not in known:
-            print(f"{args.command}: no queue {args.queue!r} is registered (queues: {', '.join(known)})", file=err)
+    handled: dict[str, frozenset[str]] = {}
+    if args.command in ("status", "pause", "resume", "enqueue", "failed", "redrive", "retry"):
+        # The registry's queues and their job names, from the constructors
+        # alone, and those live workers run (another release, another entry
+        # point): a queue with no rows yet is listed, a job none runs refused.
+        handled = commands.known_handled(db, registry_check.handled(registry, []))
+        # A slip in a name would pause nothing, or find nothing, and say it did.
+        unknown = commands.unknown_names(db, args, handled)
+        if unknown is not None:
+            print(f"{args.command}: {unknown}", file=err)
             return 2
     if args.command in ("redrive", "retry"):
         return commands.redrive_failed(db, args, out, err)
@@ -288,13 +301,11 @@ def _operate(db: DB, args: "Namespace | SimpleNamespace", registry: Registry) ->
         return commands.show(db, args, out, err)
     if args.command == "cancel":
         return commands.cancel(db, args, out)
-    if args.command in ("status", "enqueue"):
-        # The registry's queues and their job names, from the constructors
-        # alone: a queue with no rows yet is listed, a job no queue runs refused.
-        handled = registry_check.handled(registry, [])
-        if args.command == "status":
-            return commands.status(db, args, out, queues=handled)
-        return commands.enqueue(db, args, out, err, handled=handled)
+    if args.command == "status":
+        return commands.status(db, args, out, queues=handled)
+    if args.command == "enqueue":
+        args_type = registry_check.args_types(registry).get((args.queue, args.name))
+        return commands.enqueue(db, args, out, err, handled=handled, args_type=args_type)
     if args.command == "pause":
         until = datetime.now(UTC) + timedelta(minutes=args.minutes) if args.minutes else None
         pause(db, args.queue, args.reason, until)
@@ -477,6 +488,5 @@ def _start_pollers(
 
 if __name__ == "__main__":
     from queues import registry
-    from queues.schedule import SCHEDULE
 
-    sys.exit(main(registry, schedule=SCHEDULE))
+    sys.exit(main(registry, schedule=setup_check.loader("queues.schedule")))

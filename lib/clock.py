@@ -143,6 +143,26 @@ def last_match(at: Predicate, minute: datetime, window: timedelta = CATCH_UP_WIN
     return None
 
 
+def check_schedule(schedule: Iterable[Scheduled]) -> None:
+    """ValueError (one line) for a schedule no clock can run: an entry that is
+    not a Scheduled, or one listed twice. clock_ticks and the pending check
+    key on what an entry enqueues: a second identical entry would be silently
+    suppressed by the first."""
+    entries = list(schedule)
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, Scheduled):
+            raise ValueError(f"schedule entry {i} is a {type(entry).__name__}, not a Scheduled: {entry!r:.100}")
+    seen = Counter(entry.key for entry in entries)
+    # pop: an entry listed three times is named once.
+    twice = sorted(
+        f"{e.name} {json.dumps(e.args or {}, sort_keys=True)} in queue {e.queue}"
+        for e in entries
+        if seen.pop(e.key, 0) > 1
+    )
+    if twice:
+        raise ValueError(f"the schedule lists these jobs more than once: {', '.join(twice)}")
+
+
 def utc_now() -> datetime:
     return datetime.now(UTC)
 
@@ -152,17 +172,7 @@ class Clock:
         self.db = db
         self.schedule = list(schedule)
         self.now = now
-        seen = Counter(entry.key for entry in self.schedule)
-        # pop: an entry listed three times is named once.
-        twice = sorted(
-            f"{e.name} {json.dumps(e.args or {}, sort_keys=True)} in queue {e.queue}"
-            for e in self.schedule
-            if seen.pop(e.key, 0) > 1
-        )
-        if twice:
-            # clock_ticks and the pending check key on what an entry enqueues:
-            # a second identical entry would be silently suppressed by the first.
-            raise ValueError(f"the schedule lists these jobs more than once: {', '.join(twice)}")
+        check_schedule(self.schedule)
         # Catch-up is owed until it has been checked once; a tick that fails
         # (the database is down at start) leaves it owed for the next tick.
         self._owed = {entry.key for entry in self.schedule if entry.catch_up}

@@ -11,6 +11,7 @@ may hold what the people who read a status screen should not see.
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -22,12 +23,13 @@ from tqdm import tqdm
 
 from lib import stats
 from lib import status as st
+from lib.args import ArgsError, unmarshal_args
 from lib.insert import InvalidJob, insert
 from lib.logs import one_line
 from lib.redrive import RedriveResult, redrive
 from lib.settings import masked_dsn
 from lib.sql import Q
-from lib.stats import QueueStats, WorkerInfo, queue_stats, unrun_line, unrun_queues, workers
+from lib.stats import ALIVE_PERIODS, QueueStats, WorkerInfo, queue_stats, unrun_line, unrun_queues, workers
 
 # What a job enqueued from the command line records as its writer.
 CLI_CALLSITE = "cli"
@@ -40,6 +42,67 @@ STATUS_WIDTH = 100
 LISTED_IDS = 50
 # A pause until resumed is stored as infinity, which the driver reads as this.
 FOREVER = datetime.max.replace(tzinfo=UTC)
+# An unknown name's line lists at most this many known ones when none is near it.
+LISTED_NAMES = 10
+
+
+# Known names: the commands act on the queues and job names this checkout's
+# registry has and those a live worker runs (a worker of another release, or
+# of another entry point), so that neither a slip goes unnoticed ("0 jobs")
+# nor another worker's queue is refused.
+
+
+def known_handled(db: Any, registered: Mapping[str, Collection[str]]) -> dict[str, frozenset[str]]:
+    """queue -> job names: the registry's, and those live workers handle
+    (alive as the status command reads it, lib/stats.py)."""
+    merged = {queue: set(names) for queue, names in registered.items()}
+    for queue, names in db.query(Q.worker_live_handles, {"periods": ALIVE_PERIODS}):
+        merged.setdefault(queue, set()).update(names)
+    return {queue: frozenset(names) for queue, names in sorted(merged.items())}
+
+
+def unknown_names(db: Any, args: argparse.Namespace, handled: Mapping[str, Collection[str]]) -> str | None:
+    """Why the queue or job name the command is given is none it knows (one
+    line, with the nearest known names), or None. A paused queue is known to
+    resume (and pause again), and the queues and names of failed jobs to
+    failed and redrive, whether or not anything runs them now."""
+    command = args.command
+    queue, name = getattr(args, "queue", None), getattr(args, "name", None)
+    if command in ("pause", "resume"):
+        paused = [q for q, _, _ in db.query(Q.queue_paused)]
+        where = "registered, run by a live worker or paused"
+        return _unknown("queue", queue, [*handled, *paused], where)
+    if command in ("failed", "redrive", "retry") and (queue is not None or name is not None):
+        return _unknown_failed(db, queue, name, handled)
+    return None
+
+
+def _unknown_failed(db: Any, queue: str | None, name: str | None, handled: Mapping[str, Collection[str]]) -> str | None:
+    queues, names = set(handled), {n for ns in handled.values() for n in ns}
+    if (queue is None or queue in queues) and (name is None or name in names):
+        return None  # known without reading the failed rows
+    for failed_queue, failed_name in db.query(Q.job_failed_names):
+        queues.add(failed_queue)
+        names.add(failed_name)
+    failed = "or named by a failed job"
+    return _unknown("queue", queue, queues, f"registered, run by a live worker {failed}") or _unknown(
+        "job name", name, names, f"handled by a registered queue or a live worker, {failed}"
+    )
+
+
+def _unknown(what: str, value: str | None, known: Iterable[str], where: str) -> str | None:
+    known = sorted(set(known))
+    if value is None or value in known:
+        return None
+    near = difflib.get_close_matches(value, known, n=3)
+    if near:
+        hint = f"nearest: {', '.join(near)}"
+    elif known:
+        more = f", and {len(known) - LISTED_NAMES} more" if len(known) > LISTED_NAMES else ""
+        hint = f"known: {', '.join(known[:LISTED_NAMES])}{more}"
+    else:
+        hint = "none is known"
+    return f"no {what} {value!r:.100} is {where} ({hint})"
 
 
 def status(db: Any, args: argparse.Namespace, out: IO[str], *, queues: Iterable[str] = ()) -> int:
@@ -204,13 +267,26 @@ def enqueue(
     err: IO[str],
     *,
     handled: Mapping[str, Collection[str]] | None = None,
+    args_type: type | None = None,
 ) -> int:
     """One job through lib.insert, recorded as written by the command line.
-    A job no registered queue handles is refused: its row would wait for ever."""
+    A job that neither the registry nor a live worker handles is refused: its
+    row would wait for ever. args_type: the dataclass its handler reads the
+    args into, when it is known; args that do not fit it (a key it does not
+    declare included: a person typed it) are refused."""
     if handled is not None and args.name not in handled.get(args.queue, ()):
-        why = "no such queue is registered" if args.queue not in handled else f"queue {args.queue} does not handle it"
-        print(f"enqueue: no worker runs job {args.name} on queue {args.queue} ({why})", file=err)
+        if args.queue not in handled:
+            why = _unknown("queue", args.queue, handled, "registered or run by a live worker")
+        else:
+            why = _unknown("job name", args.name, handled[args.queue], f"handled in queue {args.queue}")
+        print(f"enqueue: no worker runs job {args.name} on queue {args.queue}: {why}", file=err)
         return 2
+    if args_type is not None:
+        try:
+            unmarshal_args(args_type, args.args or {}, strict=True)
+        except ArgsError as exc:
+            print(f"enqueue: args do not fit job {args.name}: {exc}", file=err)
+            return 2
     try:
         job_id = insert(  # registry-check: names checked at run time
             db,

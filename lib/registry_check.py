@@ -135,17 +135,7 @@ def schedule_args_problems(registry: Iterable[Callable[[DB], Any]], schedule: It
     the handler's source, never by running it: where it cannot be told (the
     handler does not call unmarshal_args with a dataclass it names), the
     entry is not checked."""
-    types: dict[tuple[str, str], type] = {}
-    db = DB("postgresql:///unused", size=1)
-    for make in registry:
-        try:
-            poller = make(db)
-        except Exception:
-            continue  # handled() reports it
-        for name, handler in poller.dispatch.items():
-            cls = args_type(handler)
-            if cls is not None:
-                types[(poller.queue, name)] = cls
+    types = args_types(registry)
     problems = []
     for entry in schedule:
         cls = types.get((entry.queue, entry.name))
@@ -157,6 +147,23 @@ def schedule_args_problems(registry: Iterable[Callable[[DB], Any]], schedule: It
             shown = json.dumps(entry.args or {}, sort_keys=True)
             problems.append(f"schedule: queue={entry.queue} job={entry.name} args {shown:.200} do not fit: {exc}")
     return problems
+
+
+def args_types(registry: Iterable[Callable[[DB], Any]]) -> dict[tuple[str, str], type]:
+    """(queue, job name) -> the dataclass its handler reads its args into,
+    for each handler where args_type can tell."""
+    types: dict[tuple[str, str], type] = {}
+    db = DB("postgresql:///unused", size=1)
+    for make in registry:
+        try:
+            poller = make(db)
+        except Exception:
+            continue  # handled() reports it
+        for name, handler in poller.dispatch.items():
+            cls = args_type(handler)
+            if cls is not None:
+                types[(poller.queue, name)] = cls
+    return types
 
 
 def args_type(handler: Callable[..., Any], depth: int = 1) -> type | None:

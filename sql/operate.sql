@@ -32,3 +32,9 @@ SELECT id, status FROM jobs WHERE id = ANY(%(ids)s::bigint[])
 -- name: job_status_of
 -- The status of each of the given jobs that exists: why a redrive asked for by id left one alone.
 SELECT id, status FROM jobs WHERE id = ANY(%(ids)s::bigint[])
+
+-- name: job_failed_names
+-- The queue and job name of every failed (err:) row, once each, read through jobs_failed: what failed and redrive can find besides the queues live workers run.
+SELECT DISTINCT queue, name
+FROM jobs
+WHERE status NOT IN ('pending', 'started') AND starts_with(status, 'err: ')

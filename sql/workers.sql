@@ -39,3 +39,13 @@ LEFT JOIN holding h ON h.worker_id = w.id
 WHERE h.n > 0
    OR w.last_seen > coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(periods)s::float8 * w.lease_seconds)
 ORDER BY w.started_at, w.id
+
+-- name: worker_live_handles
+-- Each queue a live worker (seen within the given number of its own lease periods, as worker_list reads alive) runs, with the job names live workers handle in it: what the operator's commands know besides their own registry. A queue of a worker that writes no handles (a release before migration 019) comes with no names.
+SELECT q.queue, coalesce(array_agg(DISTINCT n.name ORDER BY n.name) FILTER (WHERE n.name IS NOT NULL), '{}')
+FROM workers w
+CROSS JOIN LATERAL (SELECT unnest(w.queues) UNION SELECT jsonb_object_keys(w.handles)) AS q(queue)
+LEFT JOIN LATERAL jsonb_array_elements_text(w.handles -> q.queue) AS n(name) ON true
+WHERE w.last_seen > now() - make_interval(secs => %(periods)s::float8 * w.lease_seconds)
+GROUP BY q.queue
+ORDER BY q.queue

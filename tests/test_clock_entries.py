@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 import gevent
 import pytest
 
-from lib.clock import Clock, Scheduled, daily, every
+from lib.clock import Clock, Scheduled, check_schedule, daily, every
 from lib.db import DB
 from lib.insert import insert
 from lib.migrate import migrate, migrations
@@ -69,6 +69,16 @@ def test_identical_entries_are_refused_and_others_of_one_name_are_not():
             ],
         )  # type: ignore[arg-type]
     Clock(None, [OPS, DEV, Scheduled("other", "reports.Send", every(15), args={"to": "ops"})])  # type: ignore[arg-type]
+
+
+def test_the_schedule_check_refuses_what_no_clock_can_run():
+    """check_schedule is what the clock and lib.setup_check both ask: an
+    entry listed twice, or one that is not an entry at all, is one line."""
+    with pytest.raises(ValueError, match=r"^the schedule lists these jobs more than once: reports\.Send"):
+        check_schedule([OPS, DEV, OPS])
+    with pytest.raises(ValueError, match=r"^schedule entry 1 is a tuple, not a Scheduled: \('reports'"):
+        check_schedule([OPS, ("reports", "reports.Send")])
+    check_schedule([OPS, DEV])
 
 
 def test_catch_up_reads_the_entrys_own_ticks(clock_db):

@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from tests_support import ROOT
 
 import worker
 from lib import commands, embedded, stats, workers
+from lib.args import ArgsError, unmarshal_args
 from lib.cli import make_parser
 from lib.insert import insert
 from lib.queue_state import pause
@@ -300,13 +302,54 @@ def test_enqueue_of_a_deduped_copy_says_so(db, cli):
 
 def test_enqueue_refuses_a_job_no_worker_runs(db, cli):
     assert cli("enqueue", "githb", "github.FetchRepo") == (
-        2, "", "enqueue: no worker runs job github.FetchRepo on queue githb (no such queue is registered)\n",
+        2, "", "enqueue: no worker runs job github.FetchRepo on queue githb: no queue 'githb' is registered"
+        " or run by a live worker (nearest: github)\n",
     )  # fmt: skip
     code, _, err = cli("enqueue", "caches", "caches.Nope")
-    assert code == 2 and "queue caches does not handle it" in err
+    assert code == 2 and "no job name 'caches.Nope' is handled in queue caches (nearest: caches.Age)" in err
     code, _, err = cli("enqueue", "caches", "caches.Age", json.dumps({"big": "x" * 300_000}))
     assert code == 2 and err.startswith("enqueue: args are") and "the limit is" in err
     assert db.query_row("SELECT count(*) FROM jobs") == (0,)
+
+
+def test_enqueue_refuses_args_that_do_not_fit_the_handlers_dataclass(db, cli):
+    """slack.PostMessage reads its args into PostMessageArgs: a misspelt key
+    is named, with the field it is nearest, and nothing is written."""
+    code, out, err = cli("enqueue", "slack", "slack.PostMessage", '{"chanel": "#ops", "text": "hi"}')
+    assert (code, out) == (2, "")
+    assert err == (
+        "enqueue: args do not fit job slack.PostMessage: PostMessageArgs: missing field 'channel';"
+        " unknown key 'chanel' (did you mean 'channel'?)\n"
+    )
+    # Every field there, and one more: a person typed it, and it is refused too.
+    code, _, err = cli("enqueue", "slack", "slack.PostMessage", '{"channel": "#ops", "text": "hi", "txet": "x"}')
+    assert code == 2 and "PostMessageArgs: unknown key 'txet' (did you mean 'text'?)" in err
+    assert db.query_row("SELECT count(*) FROM jobs") == (0,)
+    code, _, err = cli("enqueue", "slack", "slack.PostMessage", '{"channel": "#ops", "text": "hi"}')
+    assert code == 0, err
+    assert db.query_row("SELECT args FROM jobs") == ({"channel": "#ops", "text": "hi"},)
+
+
+def test_args_error_names_the_missing_and_the_unknown_keys():
+    @dataclass
+    class GreetArgs:
+        name: str
+        times: int = 1
+
+    with pytest.raises(ArgsError) as missing:
+        unmarshal_args(GreetArgs, {"nam": "ada"})
+    assert str(missing.value) == "GreetArgs: missing field 'name'; unknown key 'nam' (did you mean 'name'?)"
+    with pytest.raises(ArgsError) as wrong:
+        unmarshal_args(GreetArgs, {"name": 7, "zzz": 1})
+    assert (
+        str(wrong.value)
+        == "GreetArgs: field 'name' should be str, got int 7; unknown key 'zzz' (its fields: name, times)"
+    )
+    # Alone, an unknown key is still ignored (a producer deployed before its
+    # consumer), unless asked to be strict.
+    assert unmarshal_args(GreetArgs, {"name": "ada", "tims": 2}) == GreetArgs("ada")
+    with pytest.raises(ArgsError, match=r"^GreetArgs: unknown key 'tims' \(did you mean 'times'\?\)$"):
+        unmarshal_args(GreetArgs, {"name": "ada", "tims": 2}, strict=True)
 
 
 # cancel

@@ -1,3 +1,6 @@
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -294,3 +297,51 @@ def test_function_bodies_are_read_as_their_language(tmp_path):
 def test_sql_postgres_cannot_parse_is_a_problem(tmp_path, sql, problem):
     report = check([known], [], plant(tmp_path, {"sql/q.sql": sql}))
     assert report.problems == [problem]
+
+
+# What the worker refuses: check fails on it first, and the worker stops with one line, not a traceback.
+
+ELSEWHERE = ROOT / "tests" / "apps" / "elsewhere_worker.py"
+
+
+@pytest.mark.parametrize(
+    ("setup", "line"),
+    [
+        (
+            "duplicate",
+            'worker: the schedule lists these jobs more than once: elsewhere.Echo {"text": "nightly"} in queue elsewhere',
+        ),
+        (
+            "every7",
+            "worker: schedule (tests/apps/elsewhere_schedule.py:13): ValueError: every(7):"
+            " use a divisor of 60, or a multiple of 60 that divides 1440",
+        ),
+        (
+            "space",
+            "worker: __main__.make_elsewhere cannot build its queue: InvalidJob: queue elsewhere:"
+            " job name must be a non-empty string without surrounding spaces, got 'elsewhere.Echo '",
+        ),
+    ],
+)
+@pytest.mark.parametrize("command", [["check"], []], ids=["check", "worker"])
+def test_check_and_the_worker_refuse_a_bad_setup_in_one_line(database_url, setup, line, command):
+    done = subprocess.run(
+        [sys.executable, str(ELSEWHERE), *command],
+        env={**os.environ, "DATABASE_URL": database_url, "LOG_LEVEL": "INFO", "ELSEWHERE_SETUP": setup},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (2, "", line + "\n")
+
+
+def test_the_same_app_without_its_mistake_passes_check(database_url):
+    done = subprocess.run(
+        [sys.executable, str(ELSEWHERE), "check"],
+        env={**os.environ, "DATABASE_URL": database_url, "ELSEWHERE_SETUP": "ok"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.startswith("registry check ok: ")

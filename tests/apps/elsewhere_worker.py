@@ -1,0 +1,54 @@
+"""A worker of a registry this checkout's queues/ does not have, as a worker
+of another release or another entry point runs: queue "elsewhere", job
+elsewhere.Echo {"text": str}.
+
+ELSEWHERE_SETUP (environment) gives it one of the mistakes the worker
+refuses and `check` must catch (the schedule is elsewhere_schedule.py's):
+  ok         no mistake, and no schedule (the default)
+  duplicate  a schedule entry listed twice
+  every7     a cadence that does not divide the hour, every(7)
+  space      a handler's name with a stray space
+"""
+
+from gevent import monkey
+
+monkey.patch_all()
+
+import os  # noqa: E402
+import sys  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import worker  # noqa: E402
+from lib import status  # noqa: E402
+from lib.args import unmarshal_args  # noqa: E402
+from lib.db import DB  # noqa: E402
+from lib.poller import PendingJob, Poller  # noqa: E402
+
+SETUP = os.environ.get("ELSEWHERE_SETUP", "ok")
+
+
+@dataclass(frozen=True)
+class EchoArgs:
+    text: str
+
+
+def echo(job: PendingJob) -> str:
+    unmarshal_args(EchoArgs, job.args)
+    return status.ok()
+
+
+def make_elsewhere(db: DB) -> Poller:
+    name = "elsewhere.Echo " if SETUP == "space" else "elsewhere.Echo"
+    return Poller("elsewhere", db, {name: echo}, poll_interval=0.5)
+
+
+if __name__ == "__main__":
+    # Imported here, and only for a schedule: a bad entry raises as its
+    # module is imported, which the worker then reports (lib/setup_check.py).
+    from lib import setup_check
+
+    schedule = setup_check.loader("elsewhere_schedule") if SETUP in ("duplicate", "every7") else ()
+    sys.exit(worker.main([make_elsewhere], schedule=schedule))
