@@ -8,6 +8,7 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 import sentry_sdk  # noqa: E402
+from programs import MISSING  # noqa: E402
 from sentry_sdk.transport import Transport  # noqa: E402
 from tests_support import scratch_database  # noqa: E402
 
@@ -21,6 +22,21 @@ ROOT = Path(__file__).resolve().parent.parent
 # Every worker process a test starts would serve HTTP on the same default port
 # (and so would other suites on this machine): off unless a test asks for it.
 os.environ["JOBS_HTTP_ADDR"] = "off"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
+    """Under CI=true a test module skipped for a missing Debian package
+    (tests/programs.py) fails: CI must run the browser and pooler tests, not
+    pass without them."""
+    outcome = yield
+    report = outcome.get_result()
+    if os.environ.get("CI") != "true" or not report.skipped or not isinstance(report.longrepr, tuple):
+        return
+    reason = str(report.longrepr[2]).removeprefix("Skipped: ")
+    if reason.startswith(MISSING):
+        report.outcome = "failed"
+        report.longrepr = f"CI=true: {reason}"
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,6 @@ gevent 26.9, on Python 3.11 and 3.13). So the test reads and plants rows
 directly, with no subprocess between it and the browser.
 """
 
-import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,13 +20,14 @@ from pathlib import Path
 import pytest
 from http_support import serving
 from playwright.sync_api import Browser, Page, expect, sync_playwright
+from programs import require
 
 from lib import metrics, stats, workers
 from lib.admin import Admin
 from lib.httpd import Health, make_app
 from lib.insert import insert
 
-CHROMIUM = "/usr/bin/chromium"
+CHROMIUM = require("/usr/bin/chromium", "chromium")
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 TOKEN = "browser-" + "t0ken" * 5
 XSS = "<img src=x onerror=alert(1)>"
@@ -35,8 +35,6 @@ XSS = "<img src=x onerror=alert(1)>"
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
-    if not shutil.which(CHROMIUM):
-        pytest.fail(f"{CHROMIUM} is missing: apt-get install -y chromium (.ci/run does)")
     ARTIFACTS.mkdir(exist_ok=True)
     with sync_playwright() as playwright:
         # Debian's build: Playwright's own browser download cannot be had here.

@@ -3,14 +3,17 @@
 In a copy of the project, the code blocks under "Write a queue" and "Enqueue"
 are read from README.md itself (by their place under those headings, so the
 README cannot drift from what works), written where the README says, and run:
-the worker as `python worker.py`, the enqueue as a plain program outside the
-checkout that imports `lib` the documented way.
+the worker as `python worker.py`, the enqueue as a plain program in a
+virtualenv of its own, into which the README's install command put `lib`.
+Following the README is idempotent here: a checkout where it was already
+followed gets the same queue, registered once.
 """
 
 import json
 import logging
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -18,6 +21,7 @@ import sys
 import tempfile
 import threading
 import time
+import venv
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -33,8 +37,8 @@ from queues import REGISTRY
 from tests.tests_support import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
-# Not part of the project a newcomer copies: their own data, environment and history.
-NOT_COPIED = shutil.ignore_patterns(".venv", ".pgdata", ".git", "__pycache__", ".ci")
+# Not part of the project a newcomer copies: their own data, environment, history and builds.
+NOT_COPIED = shutil.ignore_patterns(".venv", ".pgdata", ".git", "__pycache__", ".ci", "build", "*.egg-info")
 
 
 def readme_blocks(heading: str, lang: str = "python") -> list[str]:
@@ -45,8 +49,14 @@ def readme_blocks(heading: str, lang: str = "python") -> list[str]:
     return re.findall(rf"^```{lang}\n(.*?)^```", match.group(1), re.MULTILINE | re.DOTALL)
 
 
+# The README's queue, as its "Write a queue" block names it.
+QUEUE = "hello"
+# Wheels fetched once for the virtualenvs the tests make.
+PIP_CACHE = Path(os.environ.get("PIP_CACHE_DIR") or Path(tempfile.gettempdir()) / "jobs-test-pip-cache")
+
+
 def _without_tokens() -> dict[str, str]:
-    # The API queues stay off: the example queue is the one under test.
+    # The API queues stay off: the README's queue is the one under test.
     return {k: v for k, v in os.environ.items() if not k.endswith(("_TOKEN", "_API_KEY"))}
 
 
@@ -93,12 +103,10 @@ class Worker:
                 self.proc.wait()
 
 
-@pytest.fixture
-def project(tmp_path: Path) -> Path:
-    """A copy of the project with the README's example queue written and
-    registered as the README says."""
-    copy = tmp_path / "jobs"
-    shutil.copytree(ROOT, copy, ignore=NOT_COPIED)
+def follow_readme(copy: Path) -> None:
+    """Do what "Write a queue" says, in copy: write the queue's file, register
+    it, add its schedule entry. What is already there is left as it is, as a
+    person who followed the README before would leave it."""
     queue_code, schedule_entry = readme_blocks("Write a queue")[:2]
     # The block names its own file on its first line.
     first = queue_code.splitlines()[0]
@@ -106,25 +114,78 @@ def project(tmp_path: Path) -> Path:
     target = copy / first[2:].strip()
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(queue_code)
-    # "add `example` to the line `from queues import ...` and `example.make_worker` to `REGISTRY`"
+    # "add `hello` to the line `from queues import ...` and `hello.make_worker` to `REGISTRY`"
     registry = copy / "queues" / "__init__.py"
     text = registry.read_text()
-    text, imported = re.subn(r"^(from queues import .*)$", r"\1, example", text, count=1, flags=re.MULTILINE)
-    text, added = re.subn(r"^(REGISTRY\b.*= \[)$", r"\1\n    example.make_worker,", text, count=1, flags=re.MULTILINE)
-    assert imported == added == 1, text
+    if not re.search(rf"^from queues import .*\b{QUEUE}\b", text, re.MULTILINE):
+        text, imported = re.subn(r"^(from queues import .*)$", rf"\1, {QUEUE}", text, count=1, flags=re.MULTILINE)
+        assert imported == 1, text
+    if f"{QUEUE}.make_worker" not in text:
+        text, added = re.subn(
+            r"^(REGISTRY\b.*= \[)$", rf"\1\n    {QUEUE}.make_worker,", text, count=1, flags=re.MULTILINE
+        )
+        assert added == 1, text
     registry.write_text(text)
     # The entry goes into SCHEDULE in queues/schedule.py.
     schedule = copy / "queues" / "schedule.py"
-    text, added = re.subn(
-        r"^(SCHEDULE\b.*= \[)$",
-        lambda m: f"{m[1]}\n    {schedule_entry.strip()},",
-        schedule.read_text(),
-        count=1,
-        flags=re.MULTILINE,
-    )
-    assert added == 1
+    text = schedule.read_text()
+    if schedule_entry.strip() not in text:
+        text, added = re.subn(
+            r"^(SCHEDULE\b.*= \[)$",
+            lambda m: f"{m[1]}\n    {schedule_entry.strip()},",
+            text,
+            count=1,
+            flags=re.MULTILINE,
+        )
+        assert added == 1
     schedule.write_text(text)
+
+
+def copy_project(into: Path, source: Path = ROOT) -> Path:
+    """A copy of the checkout as a person has it, with the README followed."""
+    copy = into / "jobs"
+    shutil.copytree(source, copy, ignore=NOT_COPIED)
+    follow_readme(copy)
     return copy
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    return copy_project(tmp_path)
+
+
+def make_app_venv(where: Path) -> Path:
+    """A fresh virtualenv of an application (no system site-packages) with
+    the driver lib.connect uses; returns its python."""
+    venv.create(where, with_pip=True)
+    python = where / "bin" / "python"
+    pin = re.search(r"^psycopg2-binary==\S+", (ROOT / "requirements.txt").read_text(), re.MULTILINE)
+    assert pin, "requirements.txt pins psycopg2-binary"
+    pip(python, "install", pin[0])
+    return python
+
+
+def pip(python: Path, *args: str) -> None:
+    """pip of that python, quiet, with the tests' wheel cache."""
+    done = subprocess.run(
+        [str(python), "-m", "pip", "-q", "--disable-pip-version-check", *args],
+        env={**os.environ, "PIP_CACHE_DIR": str(PIP_CACHE)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def install_as_readme(python: Path, project: Path) -> None:
+    """The README's one install command (under "Enqueue"), with its paths
+    put in: the app's virtualenv's pip, and the checkout."""
+    [command] = [
+        line for block in readme_blocks("Enqueue", "sh") for line in block.splitlines() if "pip install" in line
+    ]
+    argv = shlex.split(command.split("#")[0])
+    assert argv[0] == "/path/to/your/app/.venv/bin/pip" and argv[1] == "install", argv
+    pip(python, *[str(project) if a == "/path/to/this/checkout" else a for a in argv[1:]])
 
 
 def run_in(project: Path, database_url: str, *argv: str, cwd: Path | None = None, env: dict | None = None):
@@ -138,16 +199,20 @@ def run_in(project: Path, database_url: str, *argv: str, cwd: Path | None = None
     )
 
 
-def enqueue_as_readme(project: Path, database_url: str, tmp_path: Path) -> int:
-    """The Enqueue block as its own program outside the checkout, importing
-    lib through PYTHONPATH as the README says; checked never to load gevent."""
+def enqueue_as_readme(app_python: Path, database_url: str, tmp_path: Path) -> int:
+    """The Enqueue block as its own program outside the checkout, run by the
+    application's own python (the README's install command gave it lib, no
+    sys.path edits); checked never to load gevent."""
     program = tmp_path / "app" / "greet.py"
     program.parent.mkdir(exist_ok=True)
     program.write_text(readme_blocks("Enqueue")[0])
     check = (
         f"import runpy, sys; runpy.run_path({str(program)!r}, run_name='__main__'); assert 'gevent' not in sys.modules"
     )
-    done = run_in(project, database_url, "-c", check, cwd=program.parent, env={"PYTHONPATH": str(project)})
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"DATABASE_URL": database_url}
+    done = subprocess.run(
+        [str(app_python), "-c", check], cwd=program.parent, env=env, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     found = re.search(r"enqueued job (\d+)", done.stdout)
     assert found, done.stdout
@@ -174,7 +239,7 @@ def fire_schedule(project: Path, database_url: str) -> None:
         "from lib.db import DB\n"
         "from queues.schedule import SCHEDULE\n"
         "db = DB.connect(os.environ['DATABASE_URL'], size=1)\n"
-        "print(Clock(db, [e for e in SCHEDULE if e.queue == 'example']).tick(datetime(2026, 1, 1, tzinfo=UTC)))\n"
+        f"print(Clock(db, [e for e in SCHEDULE if e.queue == {QUEUE!r}]).tick(datetime(2026, 1, 1, tzinfo=UTC)))\n"
     )
     done = run_in(project, database_url, "-c", code)
     assert done.returncode == 0, done.stderr
@@ -182,11 +247,13 @@ def fire_schedule(project: Path, database_url: str) -> None:
 
 def test_the_readme_example_queue_runs_enqueued_and_scheduled_jobs(db, database_url, project, tmp_path):
     db.exec("DROP TABLE IF EXISTS greetings")  # the README program's own table, from an earlier test
+    app_python = make_app_venv(tmp_path / "app-venv")
+    install_as_readme(app_python, project)
     worker = Worker(project, database_url)
     try:
         worker.wait_for_line("queues: ")
-        assert "example" in worker.output.split("queues: ")[1].splitlines()[0], worker.output
-        job_id = enqueue_as_readme(project, database_url, tmp_path)
+        assert QUEUE in worker.output.split("queues: ")[1].splitlines()[0].split(", "), worker.output
+        job_id = enqueue_as_readme(app_python, database_url, tmp_path)
         assert finished(db, job_id) == "ok: greeted Ada"
         # The same transaction wrote the program's own row.
         assert db.query_row("SELECT count(*) FROM greetings WHERE name = 'Ada'")[0] == 1
@@ -194,7 +261,7 @@ def test_the_readme_example_queue_runs_enqueued_and_scheduled_jobs(db, database_
         fire_schedule(project, database_url)
         scheduled = wait_for(
             lambda: db.query_row(
-                "SELECT id, status, args FROM jobs WHERE queue = 'example' AND callsite LIKE 'clock:%%'"
+                "SELECT id, status, args FROM jobs WHERE queue = %s AND callsite LIKE 'clock:%%'", (QUEUE,)
             )
         )
         # The handler read the entry's args.
@@ -202,31 +269,33 @@ def test_the_readme_example_queue_runs_enqueued_and_scheduled_jobs(db, database_
 
         # Pause and resume ("Operate"): nothing runs while paused, and the
         # resume wakes the queue at once, not at its fallback poll (120 s).
-        done = run_in(project, database_url, "worker.py", "pause", "example", "--reason", "trying it out")
+        done = run_in(project, database_url, "worker.py", "pause", QUEUE, "--reason", "trying it out")
         assert done.returncode == 0, done.stderr
-        worker.wait_for_line("queue=example paused until resumed: trying it out")
-        held = enqueue_as_readme(project, database_url, tmp_path)
+        worker.wait_for_line(f"queue={QUEUE} paused until resumed: trying it out")
+        held = enqueue_as_readme(app_python, database_url, tmp_path)
         time.sleep(1.5)  # unpaused, it would have run within milliseconds of its commit
         assert status_of(db, held) == "pending"
-        done = run_in(project, database_url, "worker.py", "resume", "example")
+        done = run_in(project, database_url, "worker.py", "resume", QUEUE)
         assert done.returncode == 0, done.stderr
         (resumed_at,) = db.query_row("SELECT now()")
         assert finished(db, held, timeout=10) == "ok: greeted Ada"
         (started_at,) = db.query_row("SELECT started_at FROM jobs WHERE id = %s", (held,))
         assert started_at - resumed_at < timedelta(seconds=1)
-        worker.wait_for_line("queue=example resumed")
+        worker.wait_for_line(f"queue={QUEUE} resumed")
 
-        # A handler that raises (no name in the args): the traceback is kept
-        # with the row for `show`, and logged, Sentry being off.
-        done = run_in(project, database_url, "worker.py", "enqueue", "example", "example.Greet", "{}")
-        assert done.returncode == 0, done.stderr
-        broken = int(re.search(r"enqueued job (\d+)", done.stdout)[1])
-        assert finished(db, broken).startswith("err: ")
+        # A handler that raises (an app's enqueue without the name): "Find a
+        # failure" lists it, and the traceback is kept with the row for
+        # `show`, and logged, Sentry being off.
+        broken = insert(db, QUEUE, f"{QUEUE}.Greet", {})
+        assert finished(db, broken) == "err: ArgsError: GreetArgs: missing field 'name'"
+        failed = run_in(project, database_url, "worker.py", "failed", "--queue", QUEUE)
+        assert failed.returncode == 0, failed.stderr
+        assert re.search(rf"^{broken}\s+{QUEUE}\s+{QUEUE}\.Greet\s", failed.stdout, re.MULTILINE), failed.stdout
         shown = run_in(project, database_url, "worker.py", "show", str(broken))
         assert shown.returncode == 0, shown.stderr
         assert "last traceback:\nTraceback (most recent call last):" in shown.stdout, shown.stdout
-        assert 'queues/example/__init__.py", line' in shown.stdout and "in greet" in shown.stdout
-        worker.wait_for_line(f"ERROR jobs queue=example job=example.Greet id={broken} raised err: ")
+        assert f'queues/{QUEUE}/__init__.py", line' in shown.stdout and "in greet" in shown.stdout
+        worker.wait_for_line(f"ERROR jobs queue={QUEUE} job={QUEUE}.Greet id={broken} raised err: ")
         # redrive gives it another attempt, which the worker runs at once.
         done = run_in(project, database_url, "worker.py", "redrive", "--id", str(broken))
         assert done.stdout.strip() == f"redrove 1 jobs: {broken}", (done.stdout, done.stderr)
@@ -234,6 +303,47 @@ def test_the_readme_example_queue_runs_enqueued_and_scheduled_jobs(db, database_
         assert finished(db, broken).startswith("err: ")
     finally:
         worker.stop()
+
+
+def test_following_the_readme_again_registers_its_queue_once(tmp_path, database_url):
+    """A checkout where someone already followed "Write a queue" (the
+    first-hour test copies the checkout it runs in) follows it again with
+    the same result, and check passes: no queue registered twice."""
+    followed = copy_project(tmp_path / "first")
+    again = copy_project(tmp_path / "again", source=followed)
+    for path in ("queues/__init__.py", "queues/schedule.py", f"queues/{QUEUE}/__init__.py"):
+        assert (again / path).read_text() == (followed / path).read_text(), path
+    assert (again / "queues" / "__init__.py").read_text().count(f"{QUEUE}.make_worker") == 1
+    done = run_in(again, database_url, "worker.py", "check")
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_plain_install_brings_lib_and_its_sql_files_without_gevent(db, database_url, project, tmp_path):
+    """`pip install CHECKOUT` (no -e) into an application's fresh virtualenv:
+    lib.insert imports from the virtualenv's own copy, with the sql/ files it
+    reads, once the checkout is gone; gevent was not installed."""
+    app_python = make_app_venv(tmp_path / "app-venv")
+    pip(app_python, "install", str(project))
+    shutil.rmtree(project)
+    code = (
+        "import importlib.util, sys\n"
+        "import psycopg2\n"
+        "import lib.insert\n"
+        "from lib.insert import insert\n"
+        "assert lib.insert.__file__.startswith(sys.prefix), lib.insert.__file__\n"
+        "assert importlib.util.find_spec('gevent') is None, 'gevent is installed'\n"
+        "conn = psycopg2.connect(sys.argv[1])\n"
+        "with conn, conn.cursor() as cur:\n"
+        f"    print(insert(cur, {QUEUE!r}, {QUEUE + '.Greet'!r}, {{'name': 'Ada'}}))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "DATABASE_URL")}
+    done = subprocess.run(
+        [str(app_python), "-c", code, database_url], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    job_id = int(done.stdout)
+    row = db.query_row("SELECT queue, name, args, status FROM jobs WHERE id = %s", (job_id,))
+    assert row == (QUEUE, f"{QUEUE}.Greet", {"name": "Ada"}, "pending")
 
 
 @pytest.mark.parametrize(
@@ -348,7 +458,7 @@ def test_check_fails_a_scheduled_entry_whose_args_do_not_fit_its_handler(project
     done = run_in(project, database_url, "worker.py", "check")
     assert done.returncode == 1, done.stdout
     assert (
-        'schedule: queue=example job=example.Greet args {"nmae": "the team"} do not fit: GreetArgs: missing field \'name\''
+        f'schedule: queue={QUEUE} job={QUEUE}.Greet args {{"nmae": "the team"}} do not fit: GreetArgs: missing field \'name\''
         in done.stdout
     )
 

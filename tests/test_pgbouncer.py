@@ -28,12 +28,15 @@ from urllib.parse import urlsplit
 import psycopg2
 import pytest
 from pgbouncer import BINARY, PgBouncer, PgBouncerError
+from programs import require
 from test_chaos import CHAOS_RUNS, analyse, assert_clean
 from tests_support import run_python, scratch_database, wait_for
 
 from lib.db import DB
 from lib.insert import Job, insert, insert_many
 from lib.migrate import migrate, migrations
+
+require(BINARY, "pgbouncer")
 
 APP = Path(__file__).parent / "apps" / "chaos_worker.py"
 # Settings of the suite's own environment that must not reach a worker here.
@@ -49,8 +52,6 @@ MARGIN = 2.0
 
 @pytest.fixture(scope="module")
 def bouncer(server_url: str) -> Iterator[PgBouncer]:
-    if not os.access(BINARY, os.X_OK):
-        pytest.fail(f"{BINARY} is missing: apt-get install -y pgbouncer (.ci/run does)")
     try:
         started = PgBouncer(server_url)
     except PgBouncerError as exc:

@@ -45,12 +45,12 @@ class Recording(Mapping[str, str]):
 
 
 def readme_settings_table() -> list[set[str]]:
-    """The variables each row of the table under "## Operate" names in its first cell."""
+    """The variables each row of the table under "## Settings" names in its first cell."""
     text = (ROOT / "README.md").read_text()
-    section = re.search(r"^## Operate\n(.*?)(?=^## )", text, re.MULTILINE | re.DOTALL)
-    assert section, "README.md has no section Operate"
+    section = re.search(r"^## Settings\n(.*?)(?=^## )", text, re.MULTILINE | re.DOTALL)
+    assert section, "README.md has no section Settings"
     table = re.search(r"^\| setting \| meaning \|\n\| --- \| --- \|\n((?:\|.*\n)+)", section.group(1), re.MULTILINE)
-    assert table, "the Operate section has no settings table"
+    assert table, "the Settings section has no settings table"
     rows = [line.split("|")[1] for line in table.group(1).splitlines()]
     return [set(re.findall(r"`([A-Z][A-Z0-9_]*)`", cell)) for cell in rows]
 
