@@ -141,11 +141,11 @@ def start(data_dir: Path, source: str | None = None) -> str:
         if not running:
             if server.user is not None:
                 _own_tree(pgdata, server.user)
-            runnable = _runnable(bindir, server)
+            bindir = _runnable(bindir, server)
             if not (pgdata / "PG_VERSION").exists():
                 _say_former(data_dir, source)
-                _initdb(runnable, pgdata, server.user)
-            _launch(runnable, pgdata, socket_dir, data_dir / f"{source}.log", server.user)
+                _initdb(bindir, pgdata, server.user)
+            _launch(bindir, pgdata, socket_dir, data_dir / f"{source}.log", server.user)
         _hold(data_dir)
     how = "running" if running else "started"
     setup = "".join(f"; {s}" for s in server.setup)
@@ -294,6 +294,7 @@ def _runnable(bindir: Path, server: _Server) -> Path:
         raise RuntimeError(f"as root the embedded server runs as {user.pw_name!r}, which cannot reach {bindir}")
     stamp = _stamp(bindir / "postgres")
     copy = server.home / f"{BUNDLED}-bin"
+    server.setup.append(f"{_closed_above(bindir / 'postgres', user)} is closed to it, so its binaries are in {copy}")
     if (copy / "stamp").is_file() and (copy / "stamp").read_text() == stamp:
         return copy / pkg.name / "pginstall" / "bin"
     shutil.rmtree(copy, ignore_errors=True)
@@ -308,7 +309,6 @@ def _runnable(bindir: Path, server: _Server) -> Path:
         shutil.copytree(libs, making / libs.name, copy_function=_link_or_copy)
     (making / "stamp").write_text(stamp)
     making.rename(copy)
-    server.setup.append(f"its binaries are linked into {copy}")
     return copy / pkg.name / "pginstall" / "bin"
 
 
