@@ -70,7 +70,7 @@ def main(
     try:
         # Before every command, check among them: check then fails on what the
         # worker refuses, and the worker refuses it before any part starts.
-        schedule = setup_check.checked(registry, schedule)
+        schedule = setup_check.checked(registry, schedule, build=_is_check(argv))
     except SettingError as exc:
         print(f"worker: {exc}", file=sys.stderr)
         return 2
@@ -125,7 +125,7 @@ def _start(url: str, size: int, registry: Registry, settings: Settings, schedule
             migrate(db)
             _starting(starting, "starting: building the queues")
             return run(db, registry, settings, schedule=schedule, stop=stop, supervisor=supervisor, http=http)
-        except SettingError as exc:  # one only the registry can check (JOBS_QUEUES)
+        except SettingError as exc:  # one only the registry can tell (JOBS_QUEUES, a constructor that raises)
             print(f"worker: {exc}", file=sys.stderr)
             return 2
         finally:
@@ -315,6 +315,12 @@ def _operate(db: DB, args: "Namespace | SimpleNamespace", registry: Registry) ->
     return 0
 
 
+def _is_check(argv: Sequence[str] | None) -> bool:
+    """Whether the command is `check`, read before the arguments are parsed."""
+    words = sys.argv[1:] if argv is None else argv
+    return "check" in [w for w in words if not w.startswith("-")][:1]
+
+
 def run(
     db: DB,
     registry: Registry,
@@ -466,7 +472,7 @@ def _start_pollers(
     transactions that wrote jobs, for the worker to retry while it runs."""
     pollers, registered = [], []
     declaring = dedupe.Waiting(db)
-    made = [make(db) for make in registry]
+    made = setup_check.built(registry, db)
     unknown = sorted((only or set()) - {p.queue for p in made})
     if unknown:
         raise SettingError(f"JOBS_QUEUES names queues that are not registered: {', '.join(unknown)}")

@@ -25,22 +25,33 @@ _LIB = Path(__file__).resolve().parent
 Schedule = Sequence[Scheduled] | Callable[[], Sequence[Scheduled]]
 
 
-def checked(registry: Sequence[Callable[[DB], Any]], schedule: Schedule) -> list[Scheduled]:
-    """The schedule (loaded, when given as a loader), once every queue
-    constructor builds its poller and the schedule can run; else SettingError,
-    one line. The constructors get a pool that never connects: they only keep it."""
-    unused = DB("postgresql:///unused", size=1)
-    for make in registry:
-        try:
-            make(unused)
-        except Exception as exc:
-            raise SettingError(f"{_label(make)} cannot build its queue: {_fault(exc)}") from None
+def checked(registry: Sequence[Callable[[DB], Any]], schedule: Schedule, *, build: bool) -> list[Scheduled]:
+    """The schedule (loaded, when given as a loader), once it can run and,
+    with build, once every queue constructor builds its poller; else
+    SettingError, one line. With build the constructors get a pool that never
+    connects: only `check` asks for that, since a constructor may keep the
+    pool it is given (the worker builds its queues once, on its own pool,
+    through built())."""
+    if build:
+        built(registry, DB("postgresql:///unused", size=1))
     entries = _loaded(schedule)
     try:
         check_schedule(entries)
     except ValueError as exc:
         raise SettingError(str(exc)) from None
     return entries
+
+
+def built(registry: Sequence[Callable[[DB], Any]], db: DB) -> list[Any]:
+    """Each constructor's poller, built on db; SettingError, one line, naming
+    the first constructor that raises."""
+    made = []
+    for make in registry:
+        try:
+            made.append(make(db))
+        except Exception as exc:
+            raise SettingError(f"{_label(make)} cannot build its queue: {_fault(exc)}") from None
+    return made
 
 
 def loader(module: str, name: str = "SCHEDULE") -> Callable[[], list[Scheduled]]:
