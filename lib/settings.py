@@ -186,9 +186,10 @@ def parse_token(text: str | None, name: str, default: str | None) -> str | None:
 
 
 def parse_base_url(text: str | None, name: str, default: str | None) -> str | None:
-    """An API's base URL (a proxy's, a test server's): http or https, with a
-    host; unset: the API's own. Checked here, not at the first request of
-    each job, where every job would fail on it."""
+    """An API's base URL (a proxy's, a test server's): https with a host, or
+    http to a loopback host only (a token sent in clear text to another host
+    is a token given away); unset: the API's own. Checked here, not at the
+    first request of each job, where every job would fail on it."""
     value = (text or "").strip()
     if not value:
         return default
@@ -201,8 +202,22 @@ def parse_base_url(text: str | None, name: str, default: str | None) -> str | No
     good = good and value.isprintable() and " " not in value
     if not good:
         # A proxy's URL may carry a password: masked, as a database URL's is.
-        raise SettingError(f"{name} must be an http:// or https:// URL with a host, got {masked_dsn(value)!r}")
+        raise SettingError(f"{name} must be an https:// URL with a host, got {masked_dsn(value)!r}")
+    if parts.scheme == "http" and not _loopback(parts.hostname or ""):
+        raise SettingError(
+            f"{name} must be https:// (http:// only to a loopback host: the token would cross the network"
+            f" in clear text), got {masked_dsn(value)!r}"
+        )
     return value
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def parse_sentry_dsn(text: str | None, name: str, default: str | None) -> str | None:

@@ -152,6 +152,15 @@ def test_a_setting_read(env, field, value):
     assert getattr(Settings.from_env(env), field) == value
 
 
+@pytest.mark.parametrize("url", ["http://x", "http://api.github.com", "http://10.0.0.1:8080/api"])
+def test_a_base_url_in_clear_text_is_refused_unless_it_is_loopback(url):
+    """The token goes with every request: over http only to this machine."""
+    with pytest.raises(SettingError, match=r"^GITHUB_BASE_URL must be https:// \(http:// only to a loopback host"):
+        Settings.from_env({"GITHUB_BASE_URL": url})
+    for local in ("http://127.0.0.1:8080/api", "http://localhost:9", "http://[::1]:9"):
+        assert Settings.from_env({"GITHUB_BASE_URL": local}).github_base_url == local
+
+
 def test_a_bad_sentry_dsn_is_named_but_never_shown():
     """An old DSN carries a secret key: the message says what a DSN looks like instead."""
     with pytest.raises(SettingError, match=r"^SENTRY_DSN must be a Sentry DSN") as refused:
@@ -161,6 +170,6 @@ def test_a_bad_sentry_dsn_is_named_but_never_shown():
 
 def test_a_bad_base_url_is_quoted_with_its_password_masked():
     """A proxy's URL may carry a password, which the message must not show."""
-    with pytest.raises(SettingError, match=r"^GITHUB_BASE_URL must be an http:// or https:// URL") as refused:
+    with pytest.raises(SettingError, match=r"^GITHUB_BASE_URL must be an https:// URL") as refused:
         Settings.from_env({"GITHUB_BASE_URL": "ftp://user:SEKRET@proxy.example/github"})
     assert "SEKRET" not in str(refused.value) and "proxy.example" in str(refused.value)

@@ -92,6 +92,7 @@ def test_the_password_is_found_and_masked_in_every_form_of_dsn():
         ("GITHUB_BASE_URL", "api.github.com"),
         ("SLACK_BASE_URL", "ftp://slack.example/api"),
         ("ANTHROPIC_BASE_URL", "http://"),
+        ("GITHUB_BASE_URL", "http://x"),
         ("APOLLO_BASE_URL", "https://api.apollo.io:99999/api/v1"),
         ("SENTRY_DSN", "not a dsn"),
         ("SENTRY_DSN", "https://sentry.example/1"),
