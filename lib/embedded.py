@@ -149,7 +149,9 @@ def start(data_dir: Path, source: str | None = None) -> str:
         _hold(data_dir)
     how = "running" if running else "started"
     setup = "".join(f"; {s}" for s in server.setup)
-    log.info("embedded Postgres %s in %s (binaries: %s; socket in %s%s)", how, pgdata, bindir, socket_dir, setup)
+    # A server already up (a worker's, used by an operator's command) is no news.
+    level = logging.DEBUG if running else logging.INFO
+    log.log(level, "embedded Postgres %s in %s (binaries: %s; socket in %s%s)", how, pgdata, bindir, socket_dir, setup)
     return f"postgresql://postgres@/postgres?host={quote(str(socket_dir), safe='')}&port={PORT}"
 
 

@@ -7,6 +7,7 @@ every server it starts."""
 import glob
 import importlib.metadata
 import importlib.util
+import logging
 import os
 import pwd
 import shutil
@@ -171,6 +172,18 @@ def test_server_is_reachable_by_its_user_alone(source, base):
     assert Path("/etc/passwd").read_text() == users
     # A second start finds it running and hands out the same URL.
     assert embedded.start(data_dir, source) == url
+
+
+def test_a_start_that_finds_the_server_running_says_nothing(source, base, caplog):
+    """An operator's command beside a running worker finds its server up:
+    that is no news, so no line (the start that launched it says one)."""
+    data_dir = base / "pgdata"
+    with caplog.at_level(logging.INFO, logger="jobs.embedded"):
+        url = embedded.start(data_dir, source)
+        assert [r.getMessage().split(" in ")[0] for r in caplog.records] == ["embedded Postgres started"]
+        caplog.clear()
+        assert embedded.start(data_dir, source) == url
+    assert caplog.records == []
 
 
 def test_a_long_path_with_a_space_and_a_percent_works(source, base):
