@@ -233,7 +233,7 @@ BEGIN
         RETURN NEXT;
         id := NULL;
       ELSE
-        -- Not written: no longer this claim's (rescued), or held by another transaction.
+        -- Not written: the row is another claim's now (rescued), or another transaction holds it.
         held := EXISTS (SELECT FROM jobs j WHERE j.id = o_id AND j.worker_id = o_worker
                         AND j.attempts = o_attempts AND j.status IN ('started', o_status));
       END IF;
