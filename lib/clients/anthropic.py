@@ -67,6 +67,9 @@ class AnthropicClient(APIClient):
     API_VERSION: ClassVar[str] = "2023-06-01"
     OUTCOMES = OUTCOMES
     TIMEOUT = (5.0, READ_TIMEOUT)
+    # An error answer creates no message: the official SDK sends a request
+    # that got a 5xx again, twice by default.
+    ERROR_ANSWER_MEANS_UNDONE = True
 
     def create_message(
         self,

@@ -366,6 +366,9 @@ class APIClient:
         404: Outcome.BAD_INPUT,
         429: Outcome.RATE_LIMIT,
     }
+    # Whether the API documents that a request it answered with an error was
+    # not carried out: then even a POST that got a 5xx may be sent again.
+    ERROR_ANSWER_MEANS_UNDONE: ClassVar[bool] = False
     # (connect, read) seconds; each client states its own.
     TIMEOUT: ClassVar[tuple[float, float]] = (5.0, 30.0)
 
@@ -454,7 +457,9 @@ class APIClient:
         if isinstance(exc, AuthError):
             return Outcome.BAD_TOKEN
         if isinstance(exc, ServerError):
-            return Outcome.TRANSIENT
+            # A server that failed may have carried a POST out before it did.
+            repeatable = exc.method in IDEMPOTENT_METHODS or self.ERROR_ANSWER_MEANS_UNDONE
+            return Outcome.TRANSIENT if repeatable else Outcome.FAULT
         if isinstance(exc, APIError):
             return Outcome.FAULT
         return None
