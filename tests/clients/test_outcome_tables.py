@@ -316,3 +316,19 @@ def _client_of(poller: Any) -> Any:
     """The client the queue's handler calls, from the handler's closure."""
     [handler] = poller.dispatch.values()
     return inspect.getclosurevars(handler).nonlocals["client"]
+
+
+@pytest.mark.parametrize("key", list(anthropic_module.OUTCOMES), ids=str)
+def test_every_anthropic_table_entry_is_the_outcome_of_its_answer(make_client: Any, fake_api: Any, key: Any) -> None:
+    status, kind = key if isinstance(key, tuple) else (key, "some_new_error")
+    client = make_client(AnthropicClient)
+    fake_api.reply(status, {"type": "error", "error": {"type": kind, "message": "m"}})
+    error = _raised(lambda: client.create_message(model="m", max_tokens=1, messages=MESSAGES))
+    assert client.outcome(error) is anthropic_module.OUTCOMES[key]
+
+
+@pytest.mark.parametrize("status", list(github_module.OUTCOMES))
+def test_every_github_table_entry_is_the_outcome_of_its_answer(make_client: Any, fake_api: Any, status: int) -> None:
+    client = make_client(GitHubClient)
+    fake_api.reply(status, {"message": "m"})
+    assert client.outcome(_raised(lambda: client.get_user("octocat"))) is github_module.OUTCOMES[status]
