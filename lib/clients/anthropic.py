@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from lib.clients.base import (
     APIClient,
     APIError,
+    Outcome,
     OverloadedError,
     RateLimitError,
     parse_retry_after,
@@ -22,19 +23,53 @@ if TYPE_CHECKING:
 LIMIT_KINDS = ("requests", "tokens", "input-tokens", "output-tokens")
 
 
-class AnthropicClient(APIClient):
-    """Anthropic Messages API.
+# What each answer means, by status and error type (docs.anthropic.com,
+# "Errors"). 529 is the API overloaded for everyone: held back like a rate
+# limit (an uncounted snooze, the queue waiting with it), as slowing down is
+# what helps; a 500 or 504 is one request failing, retried and counted.
+OUTCOMES: dict[int | tuple[int, str], Outcome] = {
+    (400, "invalid_request_error"): Outcome.BAD_INPUT,
+    (401, "authentication_error"): Outcome.BAD_TOKEN,
+    (403, "permission_error"): Outcome.BAD_TOKEN,
+    (404, "not_found_error"): Outcome.BAD_INPUT,
+    (413, "request_too_large"): Outcome.BAD_INPUT,
+    (429, "rate_limit_error"): Outcome.RATE_LIMIT,
+    (500, "api_error"): Outcome.TRANSIENT,
+    (504, "timeout_error"): Outcome.TRANSIENT,
+    (529, "overloaded_error"): Outcome.RATE_LIMIT,
+    400: Outcome.BAD_INPUT,
+    401: Outcome.BAD_TOKEN,
+    403: Outcome.BAD_TOKEN,
+    404: Outcome.BAD_INPUT,
+    413: Outcome.BAD_INPUT,
+    429: Outcome.RATE_LIMIT,
+    529: Outcome.RATE_LIMIT,
+}
 
-    401 (authentication_error) is an ``AuthError``. 403 (permission_error)
-    means the key is valid but may not use this resource, so it stays a plain
-    ``APIError``. 429 is our own quota (``RateLimitError``); 529 is the API
-    overloaded for all users (``OverloadedError``).
+# The official SDK's read timeout: a long generation is still being written
+# (and billed) after 30 s. The queue bounds it by its job timeout.
+READ_TIMEOUT = 600.0
+
+
+class AnthropicClient(APIClient):
+    """Anthropic Messages API; what each answer means is OUTCOMES.
+
+    401 and 403 are a key that cannot do the job (``AuthError``); 429 is our
+    own quota (``RateLimitError``); 529 is the API overloaded for all users
+    (``OverloadedError``). Timeouts: 5 s to connect, READ_TIMEOUT to read.
+    A message is a POST that spends credits: sent and unanswered, it is not
+    sent again (may_repeat).
     """
 
     TOKEN_ENV = "ANTHROPIC_API_KEY"
     BASE_URL = "https://api.anthropic.com"
     BASE_URL_ENV = "ANTHROPIC_BASE_URL"
     API_VERSION: ClassVar[str] = "2023-06-01"
+    OUTCOMES = OUTCOMES
+    TIMEOUT = (5.0, READ_TIMEOUT)
+    # An error answer creates no message: the official SDK sends a request
+    # that got a 5xx again, twice by default.
+    ERROR_ANSWER_MEANS_UNDONE = True
 
     def create_message(
         self,
@@ -61,17 +96,27 @@ class AnthropicClient(APIClient):
             "content-type": "application/json",
         }
 
+    def _error_code(self, body: Any) -> str | None:
+        return _error_type(body)
+
+    def _error_code(self, body: Any) -> str | None:
+        return _error_type(body)
+
     def _classify(self, response: requests.Response, body: Any, method: str, path: str) -> APIError | None:
         status = response.status_code
-        if status == 529 or _error_type(body) == "overloaded_error":
+        if status == 529 or (_error_type(body) == "overloaded_error" and not 200 <= status < 300):
+            # Whatever the status an overloaded_error comes with.
             message = self._message(body, response)
             reset_at = parse_retry_after(response.headers.get("retry-after"), self._now())
             return OverloadedError(status, method, path, message, reset_at=reset_at)
-        if status == 429:
+        return super()._classify(response, body, method, path)
+
+    def _error(self, outcome: Outcome, response: requests.Response, body: Any, method: str, path: str) -> APIError:
+        if outcome is Outcome.RATE_LIMIT:
             message = self._message(body, response)
             reset_at = self._rate_limit_reset(response.headers)
-            return RateLimitError(status, method, path, message, reset_at=reset_at)
-        return super()._classify(response, body, method, path)
+            return RateLimitError(response.status_code, method, path, message, reset_at=reset_at)
+        return super()._error(outcome, response, body, method, path)
 
     def _rate_limit_reset(self, headers: Mapping[str, str]) -> datetime | None:
         reset_at = parse_retry_after(headers.get("retry-after"), self._now())

@@ -5,8 +5,14 @@ below, so job code can decide retry/stop/fail without knowing the API:
 
 - ``AuthError``: the credential was rejected; retrying will not help.
 - ``RateLimitError``: slow down; ``reset_at`` says when, if the API said.
+- ``BadInputError`` (``NotFoundError``): the request cannot succeed as sent.
 - ``ServerError``: the API failed; usually worth retrying later.
 - ``APIError``: anything else (bad request, forbidden resource, ...).
+
+Which of these an answer becomes is each client's ``OUTCOMES`` table (status,
+or status and the API's error code, to an ``Outcome``); ``outcome()`` says
+what the queue does about an error, and ``may_repeat()`` whether a request
+that got no answer may be sent again.
 
 Network failures (connection refused, DNS, timeouts) are NOT wrapped: they
 propagate as ``requests.RequestException`` subclasses
@@ -24,6 +30,7 @@ import math
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import unquote, urljoin, urlsplit
 
@@ -74,7 +81,41 @@ class APIError(Exception):
         super().__init__(f"{method} {path} -> {status}: {message}")
 
 
-class NotFoundError(APIError):
+class Outcome(StrEnum):
+    """What a queue does about an API's answer (lib/api_queue.py)."""
+
+    RATE_LIMIT = "rate_limit"  # snooze the job until the limit resets
+    BAD_TOKEN = "bad_token"  # pause the queue for an hour, one report
+    BAD_INPUT = "bad_input"  # fail: no report, no retry
+    TRANSIENT = "transient"  # retry with backoff, counted, one report per run
+    FAULT = "fault"  # err, reported
+
+
+# A table's key: a status, or a status and the API's error code (the more
+# specific one wins).
+OutcomeKey = int | tuple[int, str]
+OutcomeTable = Mapping[OutcomeKey, Outcome]
+
+# Methods HTTP defines as idempotent: sent twice, they do what once does.
+IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
+
+
+def table_outcome(table: OutcomeTable, status: int, code: str | None = None) -> Outcome:
+    """The outcome table says for status (and code); a status not in it is
+    transient from 500 up, a fault below."""
+    if code is not None and (status, code) in table:
+        return table[(status, code)]
+    if status in table:
+        return table[status]
+    return Outcome.TRANSIENT if status >= 500 else Outcome.FAULT
+
+
+class BadInputError(APIError):
+    """The API refused the request as sent (malformed, too large, no such
+    resource): a retry sends the same request and gets the same answer."""
+
+
+class NotFoundError(BadInputError):
     """404: the resource does not exist (or is hidden from this credential)."""
 
 
@@ -83,7 +124,25 @@ class AuthError(APIError):
 
 
 class RateLimitError(APIError):
-    """Rate limited; ``reset_at`` is when to try again (UTC), if known."""
+    """Rate limited; ``reset_at`` is when to try again (UTC), if known.
+
+    ``backoff_from``: set when the API asks that a limit hit again and again
+    be waited out exponentially longer from this wait, and given up on after
+    some tries (GitHub's secondary limits).
+    """
+
+    def __init__(
+        self,
+        status: int,
+        method: str,
+        path: str,
+        message: str,
+        *,
+        reset_at: datetime | None = None,
+        backoff_from: timedelta | None = None,
+    ) -> None:
+        super().__init__(status, method, path, message, reset_at=reset_at)
+        self.backoff_from = backoff_from
 
 
 class ServerError(APIError):
@@ -96,6 +155,29 @@ class OverloadedError(ServerError):
     A ServerError rather than a RateLimitError because slowing down our own
     traffic does not fix it; ``reset_at`` is set only if retry-after was sent.
     """
+
+
+class OutcomeUnknown(Exception):
+    """A request that is not safe to send twice (it posts, it spends credits)
+    was sent and no answer came back: it may have been carried out. Not
+    retried; the job ends with this for a person to look at."""
+
+
+def not_sent(exc: BaseException) -> bool:
+    """Whether exc proves the request never reached the server: the
+    connection was refused, its name did not resolve, or connecting timed out."""
+    import requests
+    from urllib3.exceptions import NewConnectionError
+
+    if isinstance(exc, requests.ConnectTimeout):
+        return True
+    if not isinstance(exc, requests.ConnectionError):
+        return False
+    for link in _chain(exc):
+        for part in (link, getattr(link, "reason", None), *link.args):
+            if isinstance(part, NewConnectionError) or isinstance(getattr(part, "reason", None), NewConnectionError):
+                return True
+    return False
 
 
 def clamp_reset(moment: datetime, now: datetime) -> datetime:
@@ -125,6 +207,35 @@ def parse_retry_after(value: str | None, now: datetime) -> datetime | None:
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
     return clamp_reset(moment.astimezone(UTC), now)
+
+
+def parse_http_date(value: str | None) -> datetime | None:
+    """Absolute UTC moment from an HTTP-date (a Date header); None when unusable."""
+    if not value:
+        return None
+    try:
+        moment = parsedate_to_datetime(value.strip())
+    except (TypeError, ValueError):
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.astimezone(UTC)
+
+
+def reset_by_server_clock(reset: datetime, response: requests.Response, now: datetime, minimum: timedelta) -> datetime:
+    """When to come back for a reset moment the API gave by its own clock.
+
+    A reset already past by our clock means our clock is ahead of the API's
+    (the limit still holds, or the API would not have refused): the wait is
+    then the reset less the API's own Date, or the minimum when there is no
+    usable Date or the reset is past by the API's clock too. Never now itself.
+    """
+    if reset > now:
+        return reset
+    server_now = parse_http_date(response.headers.get("date"))
+    if server_now is not None and reset > server_now:
+        return now + (reset - server_now)
+    return now + minimum
 
 
 def parse_epoch(value: str | None) -> datetime | None:
@@ -249,13 +360,24 @@ class APIClient:
     # No answer these APIs give is near this; a larger one is a fault (or an
     # attack) that must not take the worker's memory. Counted decompressed.
     MAX_RESPONSE_BYTES: ClassVar[int] = 10 * MiB
+    # Generic HTTP: what an answer means when the API's own table says no more.
+    OUTCOMES: ClassVar[OutcomeTable] = {
+        401: Outcome.BAD_TOKEN,
+        404: Outcome.BAD_INPUT,
+        429: Outcome.RATE_LIMIT,
+    }
+    # Whether the API documents that a request it answered with an error was
+    # not carried out: then even a POST that got a 5xx may be sent again.
+    ERROR_ANSWER_MEANS_UNDONE: ClassVar[bool] = False
+    # (connect, read) seconds; each client states its own.
+    TIMEOUT: ClassVar[tuple[float, float]] = (5.0, 30.0)
 
     def __init__(
         self,
         token: str | None = None,
         *,
         base_url: str | None = None,
-        timeout: tuple[float, float] = (5.0, 30.0),
+        timeout: tuple[float, float] | None = None,
         session: requests.Session | None = None,
         now: Callable[[], datetime] = utc_now,
     ) -> None:
@@ -264,7 +386,7 @@ class APIClient:
             raise NotConfigured(f"{self.TOKEN_ENV} is not set")
         self._token = _checked_token(token, self.TOKEN_ENV)
         self.base_url = (base_url or self.BASE_URL).rstrip("/")
-        self.timeout = timeout
+        self.timeout = timeout or self.TIMEOUT
         self._owns_session = session is None
         if session is None:
             import requests
@@ -301,16 +423,55 @@ class APIClient:
         message = self._message(body, response)
         if 300 <= status < 400:
             return APIError(status, method, path, f"redirect not followed: {message}")
-        if status == 401:
-            return AuthError(status, method, path, message)
-        if status == 404:
-            return NotFoundError(status, method, path, message)
-        if status == 429:
+        return self._error(table_outcome(self.OUTCOMES, status, self._error_code(body)), response, body, method, path)
+
+    def _error_code(self, body: Any) -> str | None:
+        """The API's own error code in an error body, for the OUTCOMES table."""
+        return None
+
+    def _error(self, outcome: Outcome, response: requests.Response, body: Any, method: str, path: str) -> APIError:
+        """The error an answer with this outcome raises; retry-after, when
+        sent, says when a rate limit or a transient fault may be tried again."""
+        status, message = response.status_code, self._message(body, response)
+        if outcome is Outcome.RATE_LIMIT:
             reset_at = parse_retry_after(response.headers.get("retry-after"), self._now())
             return RateLimitError(status, method, path, message, reset_at=reset_at)
-        if status >= 500:
-            return ServerError(status, method, path, message)
+        if outcome is Outcome.TRANSIENT:
+            reset_at = parse_retry_after(response.headers.get("retry-after"), self._now())
+            return ServerError(status, method, path, message, reset_at=reset_at)
+        if outcome is Outcome.BAD_TOKEN:
+            return AuthError(status, method, path, message)
+        if outcome is Outcome.BAD_INPUT:
+            kind = NotFoundError if status == 404 else BadInputError
+            return kind(status, method, path, message)
         return APIError(status, method, path, message)
+
+    def outcome(self, exc: BaseException) -> Outcome | None:
+        """What a queue does about an error this client raised; None for
+        anything that is not an answer of the API (a bug, a network failure:
+        see may_repeat)."""
+        if isinstance(exc, InvalidArgument | BadInputError):
+            return Outcome.BAD_INPUT
+        if isinstance(exc, RateLimitError | OverloadedError):
+            return Outcome.RATE_LIMIT
+        if isinstance(exc, AuthError):
+            return Outcome.BAD_TOKEN
+        if isinstance(exc, ServerError):
+            # A server that failed may have carried a POST out before it did.
+            repeatable = exc.method in IDEMPOTENT_METHODS or self.ERROR_ANSWER_MEANS_UNDONE
+            return Outcome.TRANSIENT if repeatable else Outcome.FAULT
+        if isinstance(exc, APIError):
+            return Outcome.FAULT
+        return None
+
+    def may_repeat(self, exc: BaseException) -> bool:
+        """Whether a request that failed with exc (no answer) may be sent
+        again: it never reached the API, or sending it twice does what once
+        does. Anything else may have been carried out."""
+        if not_sent(exc):
+            return True
+        request = getattr(exc, "request", None)
+        return getattr(request, "method", None) in IDEMPOTENT_METHODS
 
     def _message(self, body: Any, response: requests.Response) -> str:
         # An API could echo the credential back (e.g. "invalid key sk-..."):

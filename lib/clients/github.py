@@ -11,9 +11,11 @@ from lib.clients.base import (
     APIClient,
     APIError,
     InvalidArgument,
+    Outcome,
     RateLimitError,
     parse_epoch,
     parse_retry_after,
+    reset_by_server_clock,
 )
 
 if TYPE_CHECKING:
@@ -46,14 +48,35 @@ def _repo_name(value: str) -> str:
     return value
 
 
+# What each answer means (docs.github.com REST: "Troubleshooting the REST
+# API", "Rate limits for the REST API"). A 403 or 429 carrying a rate-limit
+# signal is a rate limit whatever this says (see _classify). A plain 403 is a
+# fault, not a bad token: the token was accepted but may not reach this
+# resource (an organization's SAML, a missing scope); other jobs may still
+# succeed, so the queue is not paused, and a person is told.
+OUTCOMES: dict[int | tuple[int, str], Outcome] = {
+    401: Outcome.BAD_TOKEN,
+    403: Outcome.FAULT,
+    404: Outcome.BAD_INPUT,
+    422: Outcome.BAD_INPUT,
+    429: Outcome.RATE_LIMIT,
+    500: Outcome.TRANSIENT,
+    502: Outcome.TRANSIENT,
+    503: Outcome.TRANSIENT,
+    504: Outcome.TRANSIENT,
+}
+
+
 class GitHubClient(APIClient):
     """GitHub REST API.
 
     Rate limits arrive as 403 or 429; they are told apart from a forbidden
     resource by ``x-ratelimit-remaining: 0``, ``retry-after`` or a message
-    mentioning the rate limit. A rejected token is 401 (``AuthError``); a
-    plain 403 means the token is valid but may not do this (``APIError``).
+    mentioning the rate limit. The rest follows OUTCOMES. Timeouts: 5 s to
+    connect, 30 s to read (one small JSON document a request).
     """
+
+    OUTCOMES = OUTCOMES
 
     TOKEN_ENV = "GITHUB_TOKEN"
     BASE_URL = "https://api.github.com"
@@ -93,9 +116,15 @@ class GitHubClient(APIClient):
                 # Order follows GitHub's guidance: retry-after first, then the
                 # primary window's reset, else at least one minute.
                 reset_at = parse_retry_after(retry_after, now)
-                if reset_at is None and exhausted:
-                    reset_at = parse_epoch(headers.get("x-ratelimit-reset"))
+                primary = reset_at is None and exhausted
+                if primary:
+                    reset = parse_epoch(headers.get("x-ratelimit-reset"))
+                    if reset is not None:
+                        reset_at = reset_by_server_clock(reset, response, now, SECONDARY_LIMIT_WAIT)
                 if reset_at is None:
                     reset_at = now + SECONDARY_LIMIT_WAIT
-                return RateLimitError(status, method, path, message, reset_at=reset_at)
+                # A secondary limit that goes on is waited out exponentially
+                # longer, and given up on after some tries (GitHub's advice).
+                backoff_from = None if primary else SECONDARY_LIMIT_WAIT
+                return RateLimitError(status, method, path, message, reset_at=reset_at, backoff_from=backoff_from)
         return super()._classify(response, body, method, path)

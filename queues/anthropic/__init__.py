@@ -10,10 +10,13 @@ from lib import status
 from lib.api_queue import make_api_worker, throttle_for
 from lib.args import unmarshal_args
 from lib.clients import AnthropicClient
+from lib.clients.anthropic import READ_TIMEOUT
 from lib.db import DB
 from lib.poller import PendingJob, Poller
 from lib.sql import Q
 
+# The Poller's own default, which a job_timeout option replaces.
+DEFAULT_JOB_TIMEOUT = 600.0
 # 50 requests a minute is the lowest usage tier's limit; a 429 still backs off
 # to the reset the API names.
 throttle = throttle_for(50)
@@ -53,4 +56,36 @@ def ask(db: DB, client: AnthropicClient, job: PendingJob) -> str:
 
 
 def make_worker(db: DB, client: AnthropicClient | None = None, **options: Any) -> Poller:
-    return make_api_worker("anthropic", db, client, AnthropicClient, {"anthropic.Ask": ask}, throttle, **options)
+    """The anthropic queue. Outcomes are lib.clients.anthropic.OUTCOMES:
+
+    ===============================  ==========  ===============================
+    answer                           outcome     the job
+    ===============================  ==========  ===============================
+    400 invalid_request_error        bad_input   fail:, not reported, not retried
+    401 authentication_error         bad_token   queue paused 1 h, one report
+    403 permission_error             bad_token   queue paused 1 h, one report
+    404 not_found_error              bad_input   fail:
+    413 request_too_large            bad_input   fail:
+    429 rate_limit_error             rate_limit  back at the reset, queue held
+    500 api_error                    transient   retried with backoff, counted
+    504 timeout_error                transient   retried with backoff, counted
+    529 overloaded_error             rate_limit  back after retry-after or 60 s
+    connect refused or timed out     transient   retried (nothing was sent)
+    sent, no answer (read timeout)   fault       err: OutcomeUnknown, reported
+    ===============================  ==========  ===============================
+
+    Timeouts: 5 s to connect; a read waits as long as a long generation
+    takes, up to the SDK's 600 s, and never past the job's timeout.
+    """
+    job_timeout = float(options.get("job_timeout", DEFAULT_JOB_TIMEOUT))
+    client_options = {"timeout": (5.0, min(READ_TIMEOUT, job_timeout))}
+    return make_api_worker(
+        "anthropic",
+        db,
+        client,
+        AnthropicClient,
+        {"anthropic.Ask": ask},
+        throttle,
+        client_options=client_options,
+        **options,
+    )

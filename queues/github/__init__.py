@@ -55,5 +55,21 @@ def fetch_user(db: DB, client: GitHubClient, job: PendingJob) -> str:
 
 
 def make_worker(db: DB, client: GitHubClient | None = None, **options: Any) -> Poller:
+    """The github queue. Outcomes are lib.clients.github.OUTCOMES:
+
+    ==========================================  ==========  =====================
+    answer                                      outcome     the job
+    ==========================================  ==========  =====================
+    401 Bad credentials                         bad_token   queue paused 1 h
+    403/429, x-ratelimit-remaining 0            rate_limit  back at the reset
+    403/429, retry-after or secondary message   rate_limit  back after 1, 2, 4, 8,
+                                                            16 min; then err
+    403 otherwise                               fault       err, reported
+    404 Not Found, 422 Validation Failed        bad_input   fail:
+    500, 502, 503, 504; timeouts, resets        transient   retried with backoff
+    ==========================================  ==========  =====================
+
+    Timeouts: 5 s to connect, 30 s to read.
+    """
     handlers = {"github.FetchRepo": fetch_repo, "github.FetchUser": fetch_user}
     return make_api_worker("github", db, client, GitHubClient, handlers, throttle, **options)

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from email.utils import format_datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -61,6 +62,9 @@ class FakeAPI:
         self.url = url
         self.canned: deque[Canned] = deque()
         self.received: list[Received] = []
+        # The Date header this server sends (its clock), when set; else the
+        # real time, as http.server sends.
+        self.date: datetime | None = None
 
     def reply(
         self,
@@ -114,6 +118,12 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(payload)
 
     do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _handle
+
+    def date_time_string(self, timestamp: float | None = None) -> str:
+        date = self.server.api.date
+        if date is not None and timestamp is None:
+            return format_datetime(date.astimezone(UTC), usegmt=True)
+        return super().date_time_string(timestamp)
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # keep test output clean

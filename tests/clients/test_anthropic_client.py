@@ -8,8 +8,8 @@ import pytest
 
 from lib.clients import (
     AnthropicClient,
-    APIError,
     AuthError,
+    BadInputError,
     OverloadedError,
     RateLimitError,
     ServerError,
@@ -73,19 +73,17 @@ def test_401_is_auth_error(anthropic: AnthropicClient, fake_api: Any) -> None:
     assert str(info.value) == "POST /v1/messages -> 401: invalid x-api-key"
 
 
-def test_403_permission_error_is_api_error(anthropic: AnthropicClient, fake_api: Any) -> None:
+def test_403_permission_error_is_a_rejected_key(anthropic: AnthropicClient, fake_api: Any) -> None:
     fake_api.reply(403, error_body("permission_error", "Your API key does not have permission"))
-    with pytest.raises(APIError) as info:
+    with pytest.raises(AuthError) as info:
         anthropic.create_message(model="m", max_tokens=1, messages=MESSAGES)
-    assert type(info.value) is APIError
     assert info.value.status == 403
 
 
 def test_400_carries_api_message(anthropic: AnthropicClient, fake_api: Any) -> None:
     fake_api.reply(400, error_body("invalid_request_error", "max_tokens: field required"))
-    with pytest.raises(APIError) as info:
+    with pytest.raises(BadInputError) as info:
         anthropic.create_message(model="m", max_tokens=1, messages=MESSAGES)
-    assert type(info.value) is APIError
     assert info.value.message == "max_tokens: field required"
 
 
