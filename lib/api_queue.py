@@ -5,8 +5,9 @@ the limit resets; a rejected token pauses the queue for an hour (one report
 an hour, not one per job); bad input fails the job, unreported; a transient
 fault (a 5xx, a timeout, a reset) sends it back with backoff, counted, one
 report per run of failures; anything else is a fault (err, reported). A
-request that gets no answer and is not safe to send twice ends the job with
-OutcomeUnknown. And the throttle that keeps the queue inside its limit."""
+request that gets no answer and is not safe to send twice, or whose answer
+says it may have been carried out, ends the job, final, with OutcomeUnknown.
+And the throttle that keeps the queue inside its limit."""
 
 from __future__ import annotations
 
@@ -116,10 +117,12 @@ def _answer(
     """What the job becomes for an error its handler raised, by the
     client's outcome table: a status, a Snooze, or the error raised again
     (a fault: err, reported)."""
+    if isinstance(client, APIClient) and client.answered_unknown(exc):
+        raise _outcome_unknown(exc, "the answer says the request may have been carried out")
     outcome = client.outcome(exc) if isinstance(client, APIClient) else None
     if outcome is None and _is_network_failure(exc):
         if not client.may_repeat(exc):
-            raise OutcomeUnknown(f"the request was sent and no answer came back ({describe(exc)})") from exc
+            raise _outcome_unknown(exc, "the request was sent and no answer came back")
         outcome = Outcome.TRANSIENT
     if outcome is not Outcome.TRANSIENT:
         outage.recovered()
@@ -141,6 +144,14 @@ def _answer(
             wait = max(_wait(exc, now, default=0.0), backoff(tries, base=TRANSIENT_BASE, cap=TRANSIENT_CAP))
             raise Snooze(wait, status.skip(f"{TRANSIENT} (try {tries} of {attempts}), again in {wait:.0f}s: {exc}"))
     raise exc
+
+
+def _outcome_unknown(exc: Exception, what: str) -> OutcomeUnknown:
+    """The error that ends the job when the request may have been carried
+    out: final (the poller does not retry it), reported once."""
+    unknown = OutcomeUnknown(f"{what} ({describe(exc)})")
+    unknown.__cause__ = exc
+    return unknown
 
 
 def _is_network_failure(exc: BaseException) -> bool:

@@ -654,7 +654,10 @@ class Poller:
         capture(result, queue=self.queue, job=job.name, job_id=job.id, callsite=job.callsite)
         # Stored in the row, which must hold no secret, whatever the message quotes.
         text = st.err(scrub(describe(result), configured_secrets()))
-        retry_in = backoff(job.attempts, base=self.retry_base) if job.attempts < job.max_attempts else None
+        # An error marked final (OutcomeUnknown: a second try could do the
+        # work twice) ends the job though attempts remain.
+        retry = job.attempts < job.max_attempts and not getattr(result, "final", False)
+        retry_in = backoff(job.attempts, base=self.retry_base) if retry else None
         if not reporting():
             # Without Sentry the log is the one place an operator finds where it failed.
             exc_info = (type(result), result, result.__traceback__)

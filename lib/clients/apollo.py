@@ -1,4 +1,8 @@
-"""Apollo.io API client (api.apollo.io/api/v1)."""
+"""Apollo.io API client (api.apollo.io/api/v1).
+
+``OUTCOMES`` says what each HTTP status Apollo documents means to a job;
+``_classify`` raises from it.
+"""
 
 from __future__ import annotations
 
@@ -6,34 +10,55 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from lib.clients.base import APIClient, APIError, RateLimitError, parse_retry_after
+from lib.clients.base import APIClient, APIError, Outcome, OutcomeTable, RateLimitError, parse_retry_after
 
 if TYPE_CHECKING:
     import requests
 
 # Apollo reports requests left per fixed window but not when a window ends,
-# so an exhausted window can only bound the wait by its full length.
+# so an exhausted window can only bound the wait by its full length. The
+# names are the ones docs.apollo.io gives (x-24-hour-, not x-daily-).
 WINDOWS = (
     ("x-minute-requests-left", timedelta(minutes=1)),
     ("x-hourly-requests-left", timedelta(hours=1)),
-    ("x-daily-requests-left", timedelta(days=1)),
+    ("x-24-hour-requests-left", timedelta(days=1)),
 )
+
+OUTCOMES: OutcomeTable = {
+    400: Outcome.BAD_INPUT,
+    401: Outcome.BAD_TOKEN,
+    # Keys are scoped per endpoint (some need a master key): a key refused
+    # here cannot run any job of the queue until a person changes it.
+    403: Outcome.BAD_TOKEN,
+    404: Outcome.BAD_INPUT,
+    422: Outcome.BAD_INPUT,
+    429: Outcome.RATE_LIMIT,
+    500: Outcome.TRANSIENT,
+    502: Outcome.TRANSIENT,
+    503: Outcome.TRANSIENT,
+    504: Outcome.TRANSIENT,
+}
 
 
 class ApolloClient(APIClient):
-    """Apollo.io REST API.
+    """Apollo.io REST API; what each status raises is OUTCOMES. Timeouts: 5 s
+    to connect, 30 s to read."""
 
-    401 is an ``AuthError``. 403 means the key is valid but lacks access to
-    the endpoint (keys are scoped per endpoint; some need a master key), so it
-    stays a plain ``APIError``.
-    """
+    OUTCOMES = OUTCOMES
+    # An enrichment can spend a credit, GET though it is: a request that got
+    # no answer may have spent one, and is not sent again.
+    REPEATABLE_METHODS = frozenset()
+    # An error answer carries no enrichment: only a lost reply leaves the
+    # credit in doubt, so a 5xx is retried.
+    ERROR_ANSWER_MEANS_UNDONE = True
 
     TOKEN_ENV = "APOLLO_API_KEY"
     BASE_URL = "https://api.apollo.io/api/v1"
     BASE_URL_ENV = "APOLLO_BASE_URL"
 
     def enrich_organization(self, domain: str) -> dict[str, Any]:
-        """Organization Enrichment; ``domain`` without www. or @ (e.g. apollo.io)."""
+        """Organization Enrichment; ``domain`` without www. or @ (e.g. apollo.io).
+        Each call can spend an enrichment credit."""
         return self._request("GET", "/organizations/enrich", params={"domain": domain})
 
     def _headers(self) -> dict[str, str]:
@@ -44,12 +69,12 @@ class ApolloClient(APIClient):
             "Cache-Control": "no-cache",
         }
 
-    def _classify(self, response: requests.Response, body: Any, method: str, path: str) -> APIError | None:
-        if response.status_code == 429:
+    def _error(self, outcome: Outcome, response: requests.Response, body: Any, method: str, path: str) -> APIError:
+        if outcome is Outcome.RATE_LIMIT:
             message = self._message(body, response)
             reset_at = self._rate_limit_reset(response.headers)
             return RateLimitError(response.status_code, method, path, message, reset_at=reset_at)
-        return super()._classify(response, body, method, path)
+        return super()._error(outcome, response, body, method, path)
 
     def _rate_limit_reset(self, headers: Mapping[str, str]) -> datetime | None:
         now = self._now()

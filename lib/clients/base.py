@@ -11,8 +11,10 @@ below, so job code can decide retry/stop/fail without knowing the API:
 
 Which of these an answer becomes is each client's ``OUTCOMES`` table (status,
 or status and the API's error code, to an ``Outcome``); ``outcome()`` says
-what the queue does about an error, and ``may_repeat()`` whether a request
-that got no answer may be sent again.
+what the queue does about an error, ``may_repeat()`` whether a request
+that got no answer may be sent again, and ``answered_unknown()`` whether an
+answer says the request may have been carried out anyway. ``table_text()``
+renders a table for a queue's docstring.
 
 Network failures (connection refused, DNS, timeouts) are NOT wrapped: they
 propagate as ``requests.RequestException`` subclasses
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import math
+import textwrap
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
@@ -110,6 +113,16 @@ def table_outcome(table: OutcomeTable, status: int, code: str | None = None) -> 
     return Outcome.TRANSIENT if status >= 500 else Outcome.FAULT
 
 
+def table_text(table: Mapping[Any, Outcome]) -> str:
+    """table as the lines a queue's docstring shows: each outcome, its keys."""
+    lines: list[str] = []
+    for outcome in Outcome:
+        keys = ", ".join(str(key) for key, o in table.items() if o is outcome)
+        if keys:
+            lines += textwrap.wrap(f"- {outcome}: {keys}", 79, subsequent_indent="  ", break_on_hyphens=False)
+    return "\n".join(lines)
+
+
 class BadInputError(APIError):
     """The API refused the request as sent (malformed, too large, no such
     resource): a retry sends the same request and gets the same answer."""
@@ -161,6 +174,9 @@ class OutcomeUnknown(Exception):
     """A request that is not safe to send twice (it posts, it spends credits)
     was sent and no answer came back: it may have been carried out. Not
     retried; the job ends with this for a person to look at."""
+
+    # Read by the poller: the job ends with this error though attempts remain.
+    final = True
 
 
 def not_sent(exc: BaseException) -> bool:
@@ -369,6 +385,9 @@ class APIClient:
     # Whether the API documents that a request it answered with an error was
     # not carried out: then even a POST that got a 5xx may be sent again.
     ERROR_ANSWER_MEANS_UNDONE: ClassVar[bool] = False
+    # Methods this API carries out the same when sent twice; a client whose
+    # GETs spend credits (Apollo's enrichments) names none.
+    REPEATABLE_METHODS: ClassVar[frozenset[str]] = IDEMPOTENT_METHODS
     # (connect, read) seconds; each client states its own.
     TIMEOUT: ClassVar[tuple[float, float]] = (5.0, 30.0)
 
@@ -458,7 +477,7 @@ class APIClient:
             return Outcome.BAD_TOKEN
         if isinstance(exc, ServerError):
             # A server that failed may have carried a POST out before it did.
-            repeatable = exc.method in IDEMPOTENT_METHODS or self.ERROR_ANSWER_MEANS_UNDONE
+            repeatable = exc.method in self.REPEATABLE_METHODS or self.ERROR_ANSWER_MEANS_UNDONE
             return Outcome.TRANSIENT if repeatable else Outcome.FAULT
         if isinstance(exc, APIError):
             return Outcome.FAULT
@@ -471,7 +490,13 @@ class APIClient:
         if not_sent(exc):
             return True
         request = getattr(exc, "request", None)
-        return getattr(request, "method", None) in IDEMPOTENT_METHODS
+        return getattr(request, "method", None) in self.REPEATABLE_METHODS
+
+    def answered_unknown(self, exc: BaseException) -> bool:
+        """Whether exc is an answer that itself says the request may have
+        been carried out, in part or whole: the queue ends the job
+        OutcomeUnknown rather than send it again."""
+        return False
 
     def _message(self, body: Any, response: requests.Response) -> str:
         # An API could echo the credential back (e.g. "invalid key sk-..."):

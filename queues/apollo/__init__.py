@@ -1,4 +1,26 @@
-"""The apollo queue: enrich organizations by domain through Apollo's API."""
+"""The apollo queue: enrich organizations by domain through Apollo's API.
+
+What each HTTP status does to a job (lib.clients.apollo.OUTCOMES):
+
+- rate_limit: 429
+- bad_token: 401, 403
+- bad_input: 400, 404, 422
+- transient: 500, 502, 503, 504
+
+A rate limit snoozes the job until the reset (retry-after, else the longest
+exhausted window: x-minute-, x-hourly-, x-24-hour-requests-left); an unusable
+key pauses the queue for an hour with one report; bad input ends the job
+``fail:``; a transient status comes back with backoff, counted
+(lib.api_queue.TRANSIENT_ATTEMPTS); any other status is a fault: err,
+reported.
+
+An enrichment can spend a credit, so a request is sent again only when it
+provably did not reach Apollo (connection refused or not made). After a read
+timeout or a lost reply the job ends ``err: OutcomeUnknown``, final, with one
+report: the credit may be spent, and a retry could spend another.
+
+Timeouts: 5 s to connect, 30 s to read.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +32,7 @@ from lib import status
 from lib.api_queue import make_api_worker, throttle_for
 from lib.args import unmarshal_args
 from lib.clients import ApolloClient
-from lib.clients.base import NotFoundError
+from lib.clients.base import BadInputError, NotFoundError
 from lib.db import DB
 from lib.poller import PendingJob, Poller
 from lib.sql import Q
@@ -32,6 +54,8 @@ def enrich_organization(db: DB, client: ApolloClient, job: PendingJob) -> str:
         data = client.enrich_organization(args.domain)
     except NotFoundError:
         return status.fail(f"no organization for {args.domain}")
+    except BadInputError as exc:
+        return status.fail(f"{args.domain}: {exc.message}")
     if not data.get("organization"):
         return status.fail(f"no organization for {args.domain}")
     db.exec(Q.apollo_organization_upsert, {"domain": args.domain, "data": json.dumps(data)})

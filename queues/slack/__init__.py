@@ -1,4 +1,34 @@
-"""The slack queue: post messages."""
+"""The slack queue: post messages.
+
+What each Slack error code does to a job (lib.clients.slack.OUTCOMES):
+
+- rate_limit: ratelimited, rate_limited
+- bad_token: invalid_auth, not_authed, account_inactive, token_revoked,
+  token_expired, missing_scope, ekm_access_denied
+- bad_input: channel_not_found, not_in_channel, is_archived, msg_too_long,
+  no_text, invalid_blocks, too_many_attachments, restricted_action,
+  restricted_action_read_only_channel, restricted_action_thread_only_channel,
+  restricted_action_non_threadable_channel, no_permission, invalid_arguments
+- transient: internal_error, fatal_error, service_unavailable, request_timeout,
+  team_added_to_org, org_login_required
+- fault: invalid_arg_name, invalid_charset, invalid_form_data,
+  invalid_post_type, missing_post_type, missing_charset, as_user_not_supported
+
+A rate limit snoozes the job; an unusable token pauses the queue for an hour
+with one report; bad input ends the job ``fail: <code>``; a transient code
+comes back with backoff, counted (lib.api_queue.TRANSIENT_ATTEMPTS); a fault
+(any code not listed too) is err, reported. An HTTP status that is not 200
+is classified by lib.clients.base.
+
+chat.postMessage is not idempotent and Slack offers no de-duplication, so a
+post is sent again only when it provably did not reach Slack (connection
+refused or not made) or Slack said it did not post. After a read timeout, a
+lost reply, or internal_error and fatal_error ("It's possible some aspect of
+the operation succeeded"), the job ends ``err: OutcomeUnknown``, final,
+reported once, for a person to check the channel.
+
+Timeouts: 5 s to connect, 30 s to read.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +39,7 @@ from lib import status
 from lib.api_queue import make_api_worker, throttle_for
 from lib.args import unmarshal_args
 from lib.clients import SlackClient
+from lib.clients.base import BadInputError
 from lib.db import DB
 from lib.poller import PendingJob, Poller
 from lib.sql import Q
@@ -28,7 +59,10 @@ def post_message(db: DB, client: SlackClient, job: PendingJob) -> str:
     # A job run again after an interruption must not post the message twice.
     if db.query_row(Q.slack_post_find, {"job_id": job.id}):
         return status.skip("already posted")
-    answer = client.post_message(args.channel, args.text)
+    try:
+        answer = client.post_message(args.channel, args.text)
+    except BadInputError as exc:
+        return status.fail(exc.message)
     db.exec(Q.slack_post_record, {"job_id": job.id, "channel": args.channel, "ts": answer.get("ts", "")})
     return status.ok(answer.get("ts"))
 

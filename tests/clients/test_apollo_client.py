@@ -6,7 +6,10 @@ from typing import Any
 
 import pytest
 
-from lib.clients import APIError, ApolloClient, AuthError, RateLimitError, ServerError
+import queues.apollo
+from lib.clients import APIError, ApolloClient, AuthError, NotFoundError, RateLimitError, ServerError
+from lib.clients.apollo import OUTCOMES
+from lib.clients.base import BadInputError, Outcome, table_text
 
 ORGANIZATION = {
     "organization": {
@@ -44,11 +47,12 @@ def test_401_is_auth_error(apollo: ApolloClient, fake_api: Any) -> None:
     assert str(info.value) == "GET /organizations/enrich -> 401: Invalid access credentials."
 
 
-def test_403_is_api_error_not_auth(apollo: ApolloClient, fake_api: Any) -> None:
+def test_403_is_an_unusable_key(apollo: ApolloClient, fake_api: Any) -> None:
+    """A key without access to the endpoint runs no job of the queue until a
+    person changes it: the same outcome as a rejected key."""
     fake_api.reply(403, {"error": "This endpoint is not accessible with this API key"})
-    with pytest.raises(APIError) as info:
+    with pytest.raises(AuthError) as info:
         apollo.enrich_organization("apollo.io")
-    assert type(info.value) is APIError
     assert info.value.status == 403
 
 
@@ -75,7 +79,10 @@ def test_429_uses_retry_after(apollo: ApolloClient, fake_api: Any, now: datetime
             {"x-minute-requests-left": "0", "x-hourly-requests-left": "0"},
             timedelta(hours=1),
         ),
-        ({"x-daily-requests-left": "0"}, timedelta(days=1)),
+        (
+            {"x-minute-requests-left": "5", "x-hourly-requests-left": "5", "x-24-hour-requests-left": "0"},
+            timedelta(days=1),
+        ),
     ],
 )
 def test_429_without_retry_after_bounds_wait_by_exhausted_window(
@@ -102,3 +109,39 @@ def test_500_is_server_error(apollo: ApolloClient, fake_api: Any) -> None:
     fake_api.reply(500, {"error": "internal"})
     with pytest.raises(ServerError):
         apollo.enrich_organization("apollo.io")
+
+
+RAISED = {
+    Outcome.RATE_LIMIT: RateLimitError,
+    Outcome.BAD_TOKEN: AuthError,
+    Outcome.BAD_INPUT: BadInputError,
+    Outcome.TRANSIENT: ServerError,
+    Outcome.FAULT: APIError,
+}
+
+
+@pytest.mark.parametrize(("status", "outcome"), sorted(OUTCOMES.items()))
+def test_every_status_in_the_table_raises_its_outcomes_error(
+    apollo: ApolloClient, fake_api: Any, status: int, outcome: Outcome
+) -> None:
+    """Each status of the table, answered with Apollo's {"error": "..."} body."""
+    fake_api.reply(status, {"error": f"status {status}"})
+    with pytest.raises(APIError) as info:
+        apollo.enrich_organization("apollo.io")
+    expected = NotFoundError if status == 404 else RAISED[outcome]
+    assert type(info.value) is expected
+    assert (info.value.status, info.value.message) == (status, f"status {status}")
+
+
+@pytest.mark.parametrize(("status", "expected"), [(418, APIError), (507, ServerError)])
+def test_a_status_not_in_the_table_is_a_fault_or_transient(
+    apollo: ApolloClient, fake_api: Any, status: int, expected: type
+) -> None:
+    fake_api.reply(status, {"error": "unlisted"})
+    with pytest.raises(APIError) as info:
+        apollo.enrich_organization("apollo.io")
+    assert type(info.value) is expected
+
+
+def test_the_queue_docstring_shows_the_table() -> None:
+    assert table_text(OUTCOMES) in (queues.apollo.__doc__ or "")

@@ -6,7 +6,10 @@ from typing import Any
 
 import pytest
 
+import queues.slack
 from lib.clients import APIError, AuthError, RateLimitError, ServerError, SlackClient
+from lib.clients.base import BadInputError, Outcome, table_text
+from lib.clients.slack import OUTCOMES, SlackCodeError
 
 
 @pytest.fixture
@@ -40,6 +43,7 @@ def test_post_message_sends_json_with_bearer(slack: SlackClient, fake_api: Any, 
         "account_inactive",
         "token_revoked",
         "token_expired",
+        "missing_scope",
     ],
 )
 def test_auth_codes_in_ok_false_are_auth_errors(slack: SlackClient, fake_api: Any, code: str) -> None:
@@ -66,11 +70,11 @@ def test_ok_false_ratelimited_is_rate_limit(slack: SlackClient, fake_api: Any, n
     assert info.value.reset_at == now + timedelta(seconds=5)
 
 
-def test_channel_not_found_is_api_error_not_auth(slack: SlackClient, fake_api: Any) -> None:
+def test_channel_not_found_is_bad_input_not_auth(slack: SlackClient, fake_api: Any) -> None:
     fake_api.reply(200, {"ok": False, "error": "channel_not_found"})
     with pytest.raises(APIError) as info:
         slack.post_message("C404", "hello")
-    assert type(info.value) is APIError
+    assert type(info.value) is BadInputError
     assert str(info.value) == "POST /chat.postMessage -> 200: channel_not_found"
 
 
@@ -92,3 +96,38 @@ def test_reply_without_ok_is_api_error(slack: SlackClient, fake_api: Any) -> Non
     with pytest.raises(APIError) as info:
         slack.post_message("C123", "hello")
     assert type(info.value) is APIError
+
+
+# The error each outcome of the table is raised as.
+RAISED = {
+    Outcome.RATE_LIMIT: RateLimitError,
+    Outcome.BAD_TOKEN: AuthError,
+    Outcome.BAD_INPUT: BadInputError,
+    Outcome.TRANSIENT: SlackCodeError,
+    Outcome.FAULT: APIError,
+}
+
+
+@pytest.mark.parametrize(("code", "outcome"), sorted(OUTCOMES.items()))
+def test_every_code_in_the_table_raises_its_outcomes_error(
+    slack: SlackClient, fake_api: Any, code: str, outcome: Outcome
+) -> None:
+    """Each code api.slack.com/methods/chat.postMessage lists in its "Errors"
+    table (and the Web API's common errors it can answer), sent as Slack sends
+    them: HTTP 200, {"ok": false, "error": "<code>"}."""
+    fake_api.reply(200, {"ok": False, "error": code})
+    with pytest.raises(APIError) as info:
+        slack.post_message("C123", "hello")
+    assert type(info.value) is RAISED[outcome]
+    assert info.value.message == code
+
+
+def test_a_code_not_in_the_table_is_a_fault(slack: SlackClient, fake_api: Any) -> None:
+    fake_api.reply(200, {"ok": False, "error": "a_code_slack_adds_later"})
+    with pytest.raises(APIError) as info:
+        slack.post_message("C123", "hello")
+    assert type(info.value) is APIError
+
+
+def test_the_queue_docstring_shows_the_table() -> None:
+    assert table_text(OUTCOMES) in (queues.slack.__doc__ or "")
