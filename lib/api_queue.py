@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -27,7 +28,7 @@ from lib.clients.base import (
     OutcomeUnknown,
 )
 from lib.db import DB
-from lib.errors import Outage, capture, describe
+from lib.errors import Outage, capture, describe, reported
 from lib.poller import Handler, PendingJob, Poller, Snooze
 from lib.queue_state import AUTH_PREFIX
 from lib.retry import backoff
@@ -45,10 +46,13 @@ TRANSIENT_ATTEMPTS = 5
 TRANSIENT_BASE = 10.0
 TRANSIENT_CAP = 600.0
 TRANSIENT = "transient fault"
-# Waits a job sits out at a limit that asks for exponential backoff (GitHub's
-# secondary limits: 1, 2, 4, 8, 16 minutes); met once more, it ends the job.
-SECONDARY_TRIES = 5
-SECONDARY = "secondary limit"
+# A rate limit met again and again: each wait is the API's own (retry-after,
+# a reset; the clients fill in the documented minimum where it names none,
+# else DEFAULT_RESET), and at least twice the wait before it. A job that has
+# waited RATE_LIMIT_BUDGET at limits in a row and is limited once more ends
+# (err, reported): a limit that never lifts is a person's to look at. The
+# first wait is always the API's word, however long (a daily window).
+RATE_LIMIT_BUDGET = timedelta(minutes=30)
 
 ApiHandler = Callable[[DB, Any, PendingJob], str]
 
@@ -65,6 +69,7 @@ def make_api_worker(
     base_url: str | None = None,
     now: Callable[[], datetime] = lambda: datetime.now(UTC),
     transient_attempts: int = TRANSIENT_ATTEMPTS,
+    rate_limit_budget: timedelta = RATE_LIMIT_BUDGET,
     client_options: Mapping[str, Any] | None = None,
     **options: Any,
 ) -> Poller:
@@ -78,45 +83,46 @@ def make_api_worker(
             client = client_class(token, base_url=base_url, **(client_options or {}))
         except NotConfigured as exc:
             disabled_reason = str(exc)
-    outage = Outage(f"queue {queue}'s API")
-    dispatch: dict[str, Handler] = {
-        name: _guard(queue, db, client, handler, now, outage, transient_attempts) for name, handler in handlers.items()
-    }
+    policy = _Policy(queue, db, client, now, Outage(f"queue {queue}'s API"), transient_attempts, rate_limit_budget)
+    dispatch: dict[str, Handler] = {name: _guard(policy, handler) for name, handler in handlers.items()}
     return Poller(queue, db, dispatch, throttle=throttle, disabled_reason=disabled_reason, **options)
 
 
-def _guard(
-    queue: str, db: DB, client: Any, handler: ApiHandler, now: Callable[[], datetime], outage: Outage, attempts: int
-) -> Handler:
+@dataclass(frozen=True)
+class _Policy:
+    """What one API queue does with its handlers' errors (make_api_worker)."""
+
+    queue: str
+    db: DB
+    client: Any
+    now: Callable[[], datetime]
+    outage: Outage
+    transient_attempts: int
+    rate_limit_budget: timedelta
+
+
+def _guard(policy: _Policy, handler: ApiHandler) -> Handler:
     def run(job: PendingJob) -> str:
         try:
-            result = handler(db, client, job)
+            result = handler(policy.db, policy.client, job)
         except InvalidArgument as exc:
             # The job's args cannot make a safe request (a '..' for a GitHub
             # owner, say): nothing was sent, and a retry sends nothing either.
             # The input is at fault, not the worker: a fail, not reported.
             return status.fail(str(exc))
         except Exception as exc:
-            return _answer(queue, db, client, job, exc, now, outage, attempts)
-        outage.recovered()
+            return _answer(policy, job, exc)
+        policy.outage.recovered()
         return result
 
     return run
 
 
-def _answer(
-    queue: str,
-    db: DB,
-    client: Any,
-    job: PendingJob,
-    exc: Exception,
-    now: Callable[[], datetime],
-    outage: Outage,
-    attempts: int,
-) -> str:
+def _answer(policy: _Policy, job: PendingJob, exc: Exception) -> str:
     """What the job becomes for an error its handler raised, by the
     client's outcome table: a status, a Snooze, or the error raised again
     (a fault: err, reported)."""
+    client = policy.client
     if isinstance(client, APIClient) and client.answered_unknown(exc):
         raise _outcome_unknown(exc, "the answer says the request may have been carried out")
     outcome = client.outcome(exc) if isinstance(client, APIClient) else None
@@ -125,25 +131,47 @@ def _answer(
             raise _outcome_unknown(exc, "the request was sent and no answer came back")
         outcome = Outcome.TRANSIENT
     if outcome is not Outcome.TRANSIENT:
-        outage.recovered()
+        policy.outage.recovered()
     if outcome is Outcome.BAD_INPUT:
         return status.fail(str(exc))
     if outcome is Outcome.RATE_LIMIT:
-        raise _rate_limited(db, job, exc, now)
+        raise _rate_limited(policy, job, exc)
     if outcome is Outcome.BAD_TOKEN:
-        until = now() + AUTH_PAUSE
-        if db.query_row(Q.queue_pause_once, {"queue": queue, "until": until, "reason": f"{AUTH_PREFIX}{exc}"}):
-            log.error("queue=%s paused for %s: %s", queue, AUTH_PAUSE, exc)
-            capture(exc, message="API rejected the token; queue paused", queue=queue, job=job.name)
-        # The job itself is not at fault: it runs when the pause ends.
-        raise Snooze(AUTH_PAUSE.total_seconds(), status.skip(f"token rejected, queue paused: {exc}")) from exc
+        raise _paused(policy, job, exc)
     if outcome is Outcome.TRANSIENT:
-        tries = _tries(db, job, TRANSIENT) + 1
-        if tries < attempts:
-            outage.failed(exc, queue=queue)
-            wait = max(_wait(exc, now, default=0.0), backoff(tries, base=TRANSIENT_BASE, cap=TRANSIENT_CAP))
-            raise Snooze(wait, status.skip(f"{TRANSIENT} (try {tries} of {attempts}), again in {wait:.0f}s: {exc}"))
+        raise _transient(policy, job, exc)
     raise exc
+
+
+def _paused(policy: _Policy, job: PendingJob, exc: Exception) -> Snooze:
+    """Pause the queue for AUTH_PAUSE, reported once; the job itself is not
+    at fault: it runs when the pause ends."""
+    until = policy.now() + AUTH_PAUSE
+    if policy.db.query_row(
+        Q.queue_pause_once, {"queue": policy.queue, "until": until, "reason": f"{AUTH_PREFIX}{exc}"}
+    ):
+        log.error("queue=%s paused for %s: %s", policy.queue, AUTH_PAUSE, exc)
+        capture(exc, message="API rejected the token; queue paused", queue=policy.queue, job=job.name)
+    snooze = Snooze(AUTH_PAUSE.total_seconds(), status.skip(f"token rejected, queue paused: {exc}"))
+    snooze.__cause__ = exc
+    return snooze
+
+
+def _transient(policy: _Policy, job: PendingJob, exc: Exception) -> BaseException:
+    """The Snooze for a transient fault, with backoff, until the queue's
+    tries are spent; then the error itself. Either way the run of failures
+    is reported once (policy.outage), so the job it ends is not reported again."""
+    policy.outage.failed(exc, queue=policy.queue)
+    reported(exc)
+    tries = _transient_tries(policy.db, job) + 1
+    if tries >= policy.transient_attempts:
+        return exc
+    wait = max(_wait(exc, policy.now, default=0.0), backoff(tries, base=TRANSIENT_BASE, cap=TRANSIENT_CAP))
+    snooze = Snooze(
+        wait, status.skip(f"{TRANSIENT} (try {tries} of {policy.transient_attempts}), again in {wait:.0f}s: {exc}")
+    )
+    snooze.__cause__ = exc
+    return snooze
 
 
 def _outcome_unknown(exc: Exception, what: str) -> OutcomeUnknown:
@@ -160,20 +188,16 @@ def _is_network_failure(exc: BaseException) -> bool:
     return isinstance(exc, requests.RequestException)
 
 
-def _rate_limited(db: DB, job: PendingJob, exc: Exception, now: Callable[[], datetime]) -> BaseException:
-    """The Snooze for a rate limit; for one the API asks to back off from
-    exponentially (backoff_from), longer each time it is met in a row, and
-    the error itself once it has been met SECONDARY_TRIES times."""
-    wait = _wait(exc, now)
-    detail = str(exc)
-    backoff_from = getattr(exc, "backoff_from", None)
-    if backoff_from is not None:
-        tries = _tries(db, job, SECONDARY) + 1
-        if tries > SECONDARY_TRIES:
-            return exc
-        wait = max(wait, backoff_from.total_seconds() * 2 ** (tries - 1))
-        wait = min(wait, MAX_WAIT.total_seconds())
-        detail = f"{SECONDARY} (try {tries} of {SECONDARY_TRIES}): {exc}"
+def _rate_limited(policy: _Policy, job: PendingJob, exc: Exception) -> BaseException:
+    """The Snooze for a rate limit (see RATE_LIMIT_BUDGET): the API's wait,
+    else DEFAULT_RESET, and at least twice the last wait when the job was
+    limited last time too; the error itself once the waits in a row have
+    reached the budget."""
+    tries, waited, last = _rate_limit_run(policy.db, job)
+    if tries and waited >= policy.rate_limit_budget.total_seconds():
+        return exc
+    wait = min(max(_wait(exc, policy.now), 2 * last), MAX_WAIT.total_seconds())
+    detail = f"try {tries + 1}, {waited + wait:.0f}s in a row: {exc}" if tries else str(exc)
     snooze = Snooze(wait, status.rate_limited(wait, detail))
     snooze.__cause__ = exc
     return snooze
@@ -188,13 +212,29 @@ def _wait(exc: BaseException, now: Callable[[], datetime], default: float = DEFA
     return min(max(wait, 0.0), MAX_WAIT.total_seconds())
 
 
-def _tries(db: DB, job: PendingJob, what: str) -> int:
-    """How many times in a row the job came back for `what`, read from the
-    status it last came back with: a Snooze does not count an attempt, so
-    the count travels in that status."""
+def _last_status(db: DB, job: PendingJob) -> str:
+    """The status the job last came back with: a Snooze does not count an
+    attempt, so the count of tries in a row travels in that status."""
     row = db.query_row(Q.job_last_error, {"id": job.id})
-    found = re.search(re.escape(what) + r" \(try (\d+) of \d+\)", (row[0] or "") if row else "")
+    return (row[0] or "") if row else ""
+
+
+def _transient_tries(db: DB, job: PendingJob) -> int:
+    """How many transient faults in a row the job has met."""
+    found = re.search(re.escape(TRANSIENT) + r" \(try (\d+) of \d+\)", _last_status(db, job))
     return int(found.group(1)) if found else 0
+
+
+def _rate_limit_run(db: DB, job: PendingJob) -> tuple[int, float, float]:
+    """The rate limits in a row the job has met: how many, the seconds waited
+    for them in all, and the last wait; (0, 0, 0) when it last came back for
+    anything else. The first of a run says only its wait."""
+    last = _last_status(db, job)
+    wait = status.rate_limit_wait(last)
+    if wait is None:
+        return 0, 0.0, 0.0
+    found = re.search(r"resets in \d+s: try (\d+), (\d+)s in a row: ", last)
+    return (int(found.group(1)), float(found.group(2)), wait) if found else (1, wait, wait)
 
 
 def throttle_for(per_minute: float) -> Callable[[str, BaseException | None, float], float]:

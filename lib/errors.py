@@ -186,11 +186,24 @@ def traceback_text(exc: BaseException, limit: int = MAX_TRACEBACK_BYTES) -> str 
     return marker + data[-(limit - len(marker)) :].decode(errors="ignore")
 
 
+# Set on an exception that has been reported (or whose report another one
+# stands for): capture() sends nothing more for it.
+_REPORTED = "_jobs_reported"
+
+
+def reported(exc: BaseException) -> None:
+    """Mark exc as told: capture() of it sends nothing (one report per run of
+    failures stands for each of the run's errors)."""
+    with contextlib.suppress(AttributeError, TypeError):
+        setattr(exc, _REPORTED, True)
+
+
 def capture(exc: BaseException, message: str | None = None, **tags: Any) -> None:
-    """Report exc with tags (queue, job, id, callsite...); never a shutdown."""
+    """Report exc with tags (queue, job, id, callsite...), once; never a shutdown."""
     sdk = _sdk()
-    if sdk is None or _is_shutdown(exc):
+    if sdk is None or _is_shutdown(exc) or getattr(exc, _REPORTED, False):
         return
+    reported(exc)
     with sdk.new_scope() as scope:
         for key, value in tags.items():
             scope.set_tag(key, value)

@@ -15,13 +15,22 @@ ON CONFLICT (login) DO UPDATE SET data = excluded.data, fetched_at = now()
 INSERT INTO apollo_organizations (domain, data) VALUES (%(domain)s, %(data)s::jsonb)
 ON CONFLICT (domain) DO UPDATE SET data = excluded.data, fetched_at = now()
 
--- name: slack_post_record
--- Remember a post, so a job that runs again after an interruption does not post twice.
-INSERT INTO slack_posts (job_id, channel, ts) VALUES (%(job_id)s, %(channel)s, %(ts)s)
+-- name: slack_post_begin
+-- Say a post is about to be sent (ts NULL), before it is: a job that runs
+-- again after an interruption finds it and does not post twice.
+INSERT INTO slack_posts (job_id, channel, ts) VALUES (%(job_id)s, %(channel)s, NULL)
 ON CONFLICT (job_id) DO NOTHING
 
+-- name: slack_post_record
+-- The post Slack answered for.
+UPDATE slack_posts SET ts = %(ts)s, posted_at = now() WHERE job_id = %(job_id)s
+
+-- name: slack_post_undo
+-- Slack answered that it did not post (or the post was never sent): the job may post again.
+DELETE FROM slack_posts WHERE job_id = %(job_id)s AND ts IS NULL
+
 -- name: slack_post_find
--- The post a job already made, if any.
+-- The post a job began, if any: its ts, NULL while its answer is not recorded.
 SELECT ts FROM slack_posts WHERE job_id = %(job_id)s
 
 -- name: anthropic_answer_upsert

@@ -125,3 +125,14 @@ def test_describe_and_traceback_text_make_text_of_any_exception():
     except RuntimeError:
         text = errors.traceback_text(cut_long)
     assert len(text.encode()) <= errors.MAX_TRACEBACK_BYTES and text.endswith("\\ud83d\n")
+
+
+def test_an_error_is_reported_once_and_not_at_all_once_marked_told(sentry_events: list) -> None:
+    """capture() of one exception twice sends one event; one marked reported
+    (its run of failures was reported for it) sends none."""
+    first, second = RuntimeError("first"), RuntimeError("second")
+    errors.capture(first)
+    errors.capture(first)
+    errors.reported(second)
+    errors.capture(second)
+    assert [e["exception"]["values"][0]["value"] for e in sentry_events] == ["first"]

@@ -137,25 +137,9 @@ class AuthError(APIError):
 
 
 class RateLimitError(APIError):
-    """Rate limited; ``reset_at`` is when to try again (UTC), if known.
-
-    ``backoff_from``: set when the API asks that a limit hit again and again
-    be waited out exponentially longer from this wait, and given up on after
-    some tries (GitHub's secondary limits).
-    """
-
-    def __init__(
-        self,
-        status: int,
-        method: str,
-        path: str,
-        message: str,
-        *,
-        reset_at: datetime | None = None,
-        backoff_from: timedelta | None = None,
-    ) -> None:
-        super().__init__(status, method, path, message, reset_at=reset_at)
-        self.backoff_from = backoff_from
+    """Rate limited; ``reset_at`` is when to try again (UTC), if the API
+    said. A limit met again and again is waited out longer each time, and
+    given up on (lib/api_queue.py, RATE_LIMIT_BUDGET)."""
 
 
 class ServerError(APIError):
@@ -476,9 +460,8 @@ class APIClient:
         if isinstance(exc, AuthError):
             return Outcome.BAD_TOKEN
         if isinstance(exc, ServerError):
-            # A server that failed may have carried a POST out before it did.
-            repeatable = exc.method in self.REPEATABLE_METHODS or self.ERROR_ANSWER_MEANS_UNDONE
-            return Outcome.TRANSIENT if repeatable else Outcome.FAULT
+            # One that may have been carried out is answered_unknown's.
+            return Outcome.TRANSIENT
         if isinstance(exc, APIError):
             return Outcome.FAULT
         return None
@@ -495,8 +478,13 @@ class APIClient:
     def answered_unknown(self, exc: BaseException) -> bool:
         """Whether exc is an answer that itself says the request may have
         been carried out, in part or whole: the queue ends the job
-        OutcomeUnknown rather than send it again."""
-        return False
+        OutcomeUnknown rather than send it again. A server that failed may
+        have carried a POST out before it did, unless the API says not."""
+        return (
+            isinstance(exc, ServerError)
+            and exc.method not in self.REPEATABLE_METHODS
+            and not self.ERROR_ANSWER_MEANS_UNDONE
+        )
 
     def _message(self, body: Any, response: requests.Response) -> str:
         # An API could echo the credential back (e.g. "invalid key sk-..."):

@@ -123,8 +123,8 @@ class GitHubClient(APIClient):
                         reset_at = reset_by_server_clock(reset, response, now, SECONDARY_LIMIT_WAIT)
                 if reset_at is None:
                     reset_at = now + SECONDARY_LIMIT_WAIT
-                # A secondary limit that goes on is waited out exponentially
-                # longer, and given up on after some tries (GitHub's advice).
-                backoff_from = None if primary else SECONDARY_LIMIT_WAIT
-                return RateLimitError(status, method, path, message, reset_at=reset_at, backoff_from=backoff_from)
+                # A limit that goes on is waited out exponentially longer, and
+                # given up on after a while, as GitHub advises for secondary
+                # limits: the queue does that for every limit.
+                return RateLimitError(status, method, path, message, reset_at=reset_at)
         return super()._classify(response, body, method, path)

@@ -134,8 +134,7 @@ class SlackClient(APIClient):
         return super().outcome(exc)
 
     def answered_unknown(self, exc: BaseException) -> bool:
-        return (
-            isinstance(exc, SlackCodeError)
-            and exc.message in MAY_HAVE_TAKEN_EFFECT
-            and exc.method not in IDEMPOTENT_METHODS
-        )
+        if isinstance(exc, SlackCodeError):
+            return exc.message in MAY_HAVE_TAKEN_EFFECT and exc.method not in IDEMPOTENT_METHODS
+        # An HTTP 5xx on a post: Slack says nothing of whether it posted.
+        return super().answered_unknown(exc)

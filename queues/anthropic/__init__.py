@@ -74,6 +74,8 @@ def make_worker(db: DB, client: AnthropicClient | None = None, **options: Any) -
     sent, no answer (read timeout)   fault       err: OutcomeUnknown, reported
     ===============================  ==========  ===============================
 
+    A limit met again waits at least twice as long as the last time; a job
+    limited after 30 minutes of such waits ends, err (lib.api_queue).
     Timeouts: 5 s to connect; a read waits as long as a long generation
     takes, up to the SDK's 600 s, and never past the job's timeout.
     """

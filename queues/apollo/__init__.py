@@ -8,7 +8,9 @@ What each HTTP status does to a job (lib.clients.apollo.OUTCOMES):
 - transient: 500, 502, 503, 504
 
 A rate limit snoozes the job until the reset (retry-after, else the longest
-exhausted window: x-minute-, x-hourly-, x-24-hour-requests-left); an unusable
+exhausted window: x-minute-, x-hourly-, x-24-hour-requests-left), longer
+each time it repeats, until 30 minutes in a row end it
+(lib.api_queue.RATE_LIMIT_BUDGET); an unusable
 key pauses the queue for an hour with one report; bad input ends the job
 ``fail:``; a transient status comes back with backoff, counted
 (lib.api_queue.TRANSIENT_ATTEMPTS); any other status is a fault: err,

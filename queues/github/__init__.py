@@ -62,13 +62,15 @@ def make_worker(db: DB, client: GitHubClient | None = None, **options: Any) -> P
     ==========================================  ==========  =====================
     401 Bad credentials                         bad_token   queue paused 1 h
     403/429, x-ratelimit-remaining 0            rate_limit  back at the reset
-    403/429, retry-after or secondary message   rate_limit  back after 1, 2, 4, 8,
-                                                            16 min; then err
+    403/429, retry-after or secondary message   rate_limit  back after retry-after
+                                                            or 1 min
     403 otherwise                               fault       err, reported
     404 Not Found, 422 Validation Failed        bad_input   fail:
     500, 502, 503, 504; timeouts, resets        transient   retried with backoff
     ==========================================  ==========  =====================
 
+    A limit met again waits at least twice as long as the last time; a job
+    limited after 30 minutes of such waits ends, err (lib.api_queue).
     Timeouts: 5 s to connect, 30 s to read.
     """
     handlers = {"github.FetchRepo": fetch_repo, "github.FetchUser": fetch_user}

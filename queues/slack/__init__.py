@@ -14,7 +14,8 @@ What each Slack error code does to a job (lib.clients.slack.OUTCOMES):
 - fault: invalid_arg_name, invalid_charset, invalid_form_data,
   invalid_post_type, missing_post_type, missing_charset, as_user_not_supported
 
-A rate limit snoozes the job; an unusable token pauses the queue for an hour
+A rate limit snoozes the job, longer each time it repeats, until 30 minutes
+in a row end it (lib.api_queue.RATE_LIMIT_BUDGET); an unusable token pauses the queue for an hour
 with one report; bad input ends the job ``fail: <code>``; a transient code
 comes back with backoff, counted (lib.api_queue.TRANSIENT_ATTEMPTS); a fault
 (any code not listed too) is err, reported. An HTTP status that is not 200
@@ -23,9 +24,12 @@ is classified by lib.clients.base.
 chat.postMessage is not idempotent and Slack offers no de-duplication, so a
 post is sent again only when it provably did not reach Slack (connection
 refused or not made) or Slack said it did not post. After a read timeout, a
-lost reply, or internal_error and fatal_error ("It's possible some aspect of
-the operation succeeded"), the job ends ``err: OutcomeUnknown``, final,
-reported once, for a person to check the channel.
+lost reply, an HTTP 5xx (which says nothing of whether it posted), or
+internal_error and fatal_error ("It's possible some aspect of the operation
+succeeded"), the job ends ``err: OutcomeUnknown``, final,
+reported once, for a person to check the channel. The same goes for a job
+stopped (a kill, a shutdown) between sending its post and recording Slack's
+answer: the post is marked begun before it is sent (slack_posts, ts NULL).
 
 Timeouts: 5 s to connect, 30 s to read.
 """
@@ -39,7 +43,7 @@ from lib import status
 from lib.api_queue import make_api_worker, throttle_for
 from lib.args import unmarshal_args
 from lib.clients import SlackClient
-from lib.clients.base import BadInputError
+from lib.clients.base import BadInputError, OutcomeUnknown
 from lib.db import DB
 from lib.poller import PendingJob, Poller
 from lib.sql import Q
@@ -57,13 +61,23 @@ class PostMessageArgs:
 def post_message(db: DB, client: SlackClient, job: PendingJob) -> str:
     args = unmarshal_args(PostMessageArgs, job.args)
     # A job run again after an interruption must not post the message twice.
-    if db.query_row(Q.slack_post_find, {"job_id": job.id}):
+    begun = db.query_row(Q.slack_post_find, {"job_id": job.id})
+    if begun and begun[0] is not None:
         return status.skip("already posted")
+    if begun:
+        raise OutcomeUnknown(f"an earlier run sent this post and stopped before its answer: check {args.channel}")
+    db.exec(Q.slack_post_begin, {"job_id": job.id, "channel": args.channel})
     try:
         answer = client.post_message(args.channel, args.text)
     except BadInputError as exc:
+        db.exec(Q.slack_post_undo, {"job_id": job.id})
         return status.fail(exc.message)
-    db.exec(Q.slack_post_record, {"job_id": job.id, "channel": args.channel, "ts": answer.get("ts", "")})
+    except Exception:
+        # An answer, or a failure the queue tells apart (lib.api_queue): one
+        # that may have posted ends the job final, so this run is its last.
+        db.exec(Q.slack_post_undo, {"job_id": job.id})
+        raise
+    db.exec(Q.slack_post_record, {"job_id": job.id, "ts": answer.get("ts", "")})
     return status.ok(answer.get("ts"))
 
 

@@ -135,7 +135,8 @@ def test_the_token_goes_only_to_its_api_in_its_header(
         results.append(worker.work_once(stop=STOPPED))
 
     assert results[0].startswith("ok")
-    assert results[1].startswith("err: ServerError")
+    # Slack's 500 on a post may have posted: OutcomeUnknown; the rest, err.
+    assert results[1].startswith("err: OutcomeUnknown" if module is slack else "err: ServerError")
     assert results[2].startswith("skip: token rejected")
     assert len(fake_api.received) == 3
     for request in fake_api.received:

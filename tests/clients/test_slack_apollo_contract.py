@@ -10,14 +10,18 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+import gevent
 import pytest
 from conftest import NOW, TOKEN
 from gevent.event import Event
 from tests_support import paused
 
+from lib import status as st
 from lib.clients import ApolloClient, Outcome, SlackClient
 from lib.clients import slack as slack_client
+from lib.clients.base import OutcomeUnknown
 from lib.insert import insert
+from lib.poller import PendingJob
 from lib.queue_state import AUTH_PREFIX
 from queues import apollo, slack
 
@@ -61,6 +65,66 @@ def test_rate_limited_code_snoozes_the_job_uncounted(db: Any, fake_api: Any, sen
     assert (status, attempts) == ("pending", 1)
     (wait,) = db.query_row("SELECT extract(EPOCH FROM next_claim_at - now()) FROM job_queues WHERE queue = 'slack'")
     assert 50 < wait <= 60
+
+
+def _again(db: Any, worker: Any) -> str:
+    """One more run of the queue's job, its snooze and the throttle's hold over."""
+    db.exec("UPDATE jobs SET run_at = now() WHERE status = 'pending'")
+    db.exec("UPDATE job_queues SET next_claim_at = NULL")
+    return worker.work_once(stop=STOPPED)
+
+
+def test_a_rate_limit_that_repeats_backs_off_and_ends_after_half_an_hour(
+    db: Any, fake_api: Any, sentry_events: list
+) -> None:
+    """api.slack.com/docs/rate-limits: "Slack returns a HTTP 429 Too Many
+    Requests error, and a Retry-After HTTP header containing the number of
+    seconds until you can retry." A limit met again and again waited its 30 s
+    each time, uncounted, forever. The waits double from the API's own, and a
+    job that has waited 30 minutes in a row and is limited once more ends."""
+    for _ in range(7):
+        fake_api.reply(429, {"ok": False, "error": "ratelimited"}, {"Retry-After": "30"})
+    job_id = insert(db, "slack", "slack.PostMessage", {"channel": "C1", "text": "deployed"})
+    worker = _slack_worker(db, fake_api.url)
+    results = [worker.work_once(stop=STOPPED)] + [_again(db, worker) for _ in range(6)]
+    assert [st.rate_limit_wait(r) for r in results[:6]] == [30, 60, 120, 240, 480, 960], results
+    assert "try 6, 1890s in a row: POST /chat.postMessage -> 429" in results[5]
+    assert results[6].startswith("err: RateLimitError: POST /chat.postMessage -> 429"), results[6]
+    assert _job(db, job_id)[0] == results[6]
+    assert len(sentry_events) == 1  # the job the limit ended; the waits were not faults
+
+
+def test_a_first_wait_longer_than_the_budget_is_the_apis_word(db: Any, fake_api: Any, sentry_events: list) -> None:
+    """Apollo's spent 24-hour window (x-24-hour-requests-left: 0) waits the
+    day though that is past the half hour a job waits in a row; limited
+    once more after it, the job ends."""
+    for _ in range(2):
+        fake_api.reply(429, {"error": "rate limit exceeded"}, {"x-24-hour-requests-left": "0"})
+    insert(db, "apollo", "apollo.EnrichOrganization", {"domain": "apollo.io"})
+    worker = _apollo_worker(db, fake_api.url)
+    assert st.rate_limit_wait(worker.work_once(stop=STOPPED)) == 86400
+    assert _again(db, worker).startswith("err: RateLimitError: GET /organizations/enrich -> 429")
+    assert len(sentry_events) == 1
+
+
+def test_a_post_answered_with_a_gateway_timeout_is_not_posted_twice(
+    db: Any, fake_api: Any, sentry_events: list
+) -> None:
+    """RFC 9110, 15.6.5: "The 504 (Gateway Timeout) status code indicates that
+    the server, while acting as a gateway or proxy, did not receive a timely
+    response from an upstream server it needed to access in order to complete
+    the request." The upstream may have posted; an HTTP 5xx was a fault the
+    poller retried while attempts remained. It ends OutcomeUnknown, sent once."""
+    fake_api.reply(504, "<html>Gateway Timeout</html>", {"Content-Type": "text/html"})
+    fake_api.reply(200, {"ok": True, "channel": "C1", "ts": "1700000000.000100"})
+    job_id = insert(db, "slack", "slack.PostMessage", {"channel": "C1", "text": "deployed"}, max_attempts=2)
+    worker = _slack_worker(db, fake_api.url, retry_base=0.01)
+    result = worker.work_once(stop=STOPPED)
+    assert result.startswith("err: OutcomeUnknown: the answer says the request may have been carried out"), result
+    assert _job(db, job_id)[0] == result
+    assert _again(db, worker) is None
+    assert len(fake_api.received) == 1
+    assert len(sentry_events) == 1
 
 
 def test_missing_scope_pauses_the_queue_once_with_one_report(db: Any, fake_api: Any, sentry_events: list) -> None:
@@ -201,6 +265,43 @@ def test_a_post_whose_reply_is_lost_is_not_posted_twice(db: Any, silent_api: Sil
     ]
     assert _job(db, job_id)[:2] == (result, 1)
     assert len(sentry_events) == 1
+
+
+def test_a_post_stopped_between_sending_and_its_answer_is_not_posted_again(db: Any, sentry_events: list) -> None:
+    """The worker stops (killed, shut down) after Slack has the post and
+    before its answer is recorded; the job, run again as a rescue runs it,
+    does not post a second time: it ends OutcomeUnknown, naming the channel."""
+    server = SilentAPI(close=False)
+    try:
+        job_id = insert(db, "slack", "slack.PostMessage", {"channel": "C1", "text": "deployed"}, max_attempts=3)
+        job = PendingJob(job_id, "slack.PostMessage", {"channel": "C1", "text": "deployed"})
+        client = SlackClient(TOKEN, base_url=server.url, now=lambda: NOW, timeout=(2.0, 30.0))
+        posting = gevent.spawn(slack.post_message, db, client, job)
+        with gevent.Timeout(10):
+            while not server.received:
+                gevent.sleep(0.01)
+        posting.kill()  # GreenletExit, as at a shutdown; a kill leaves the same row
+        with pytest.raises(
+            OutcomeUnknown, match="an earlier run sent this post and stopped before its answer: check C1"
+        ):
+            slack.post_message(db, client, job)
+        assert len(server.received) == 1
+    finally:
+        server.stop()
+
+
+def test_a_post_slack_refused_may_be_sent_again(db: Any, fake_api: Any) -> None:
+    """A post Slack answered it did not make leaves no begun post behind:
+    the next try posts."""
+    fake_api.reply(200, {"ok": False, "error": "service_unavailable"})
+    fake_api.reply(200, {"ok": True, "channel": "C1", "ts": "1700000000.000100"})
+    job_id = insert(db, "slack", "slack.PostMessage", {"channel": "C1", "text": "deployed"})
+    job = PendingJob(job_id, "slack.PostMessage", {"channel": "C1", "text": "deployed"})
+    client = SlackClient(TOKEN, base_url=fake_api.url, now=lambda: NOW)
+    with pytest.raises(slack_client.SlackCodeError):
+        slack.post_message(db, client, job)
+    assert slack.post_message(db, client, job) == "ok: 1700000000.000100"
+    assert db.query_row("SELECT ts FROM slack_posts WHERE job_id = %s", (job_id,)) == ("1700000000.000100",)
 
 
 @pytest.mark.parametrize("code", sorted(slack_client.MAY_HAVE_TAKEN_EFFECT))
