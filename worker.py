@@ -17,24 +17,27 @@ from typing import TYPE_CHECKING  # noqa: E402
 import gevent  # noqa: E402
 from gevent.event import Event  # noqa: E402
 
-from lib import blocked, dedupe, errors, logs, queue_state, setup_check, stats, workers  # noqa: E402
-from lib.clock import Clock, Scheduled  # noqa: E402
-from lib.db import DB, behind_pooler, is_conn_failure, is_database_error  # noqa: E402
-from lib.errors import Outage  # noqa: E402
-from lib.forks import refuse_fork  # noqa: E402
-from lib.leases import Leases  # noqa: E402
-from lib.migrate import migrate  # noqa: E402
-from lib.poller import FINALIZING, Poller  # noqa: E402
-from lib.queue_state import AUTH_PREFIX, pause, resume  # noqa: E402
-from lib.retry import Backoff  # noqa: E402
-from lib.settings import SettingError, Settings, dsn_place, mask_secret  # noqa: E402
-from lib.supervise import Supervisor  # noqa: E402
-from lib.wakeups import Listener  # noqa: E402
+from lib.background import dedupe, worker_registry  # noqa: E402
+from lib.background.clock import Clock, Scheduled  # noqa: E402
+from lib.background.leases import Leases  # noqa: E402
+from lib.greenlets import hub_watch  # noqa: E402
+from lib.greenlets.backoff import Backoff  # noqa: E402
+from lib.greenlets.supervise import Supervisor  # noqa: E402
+from lib.operate import overview, queue_state, setup_check  # noqa: E402
+from lib.operate.queue_state import AUTH_PREFIX, pause, resume  # noqa: E402
+from lib.run.poller import FINALIZING, Poller  # noqa: E402
+from lib.setup import errors, logs  # noqa: E402
+from lib.setup.errors import Outage  # noqa: E402
+from lib.setup.settings import SettingError, Settings, dsn_place, mask_secret  # noqa: E402
+from lib.store.db import DB, behind_pooler, is_conn_failure, is_database_error  # noqa: E402
+from lib.store.forks import refuse_fork  # noqa: E402
+from lib.store.migrate import migrate  # noqa: E402
+from lib.store.wakeups import Listener  # noqa: E402
 
 if TYPE_CHECKING:
     from argparse import Namespace
 
-    from lib.httpd import HttpServer, Starting
+    from lib.http.httpd import HttpServer, Starting
 
 log = logging.getLogger("jobs.worker")
 
@@ -45,8 +48,8 @@ NO_HTTP = Settings(http_addr=None)
 
 # The pool's ceiling: one connection per poller slot, and a few for the lease
 # keeper and the clock, so that every handler's own queries can run at once.
-# Connections open only when used and close when idle (lib/db.py): the
-# pollers' claims and outcomes share the group commit's one (lib/commit.py).
+# Connections open only when used and close when idle (lib/store/db.py): the
+# pollers' claims and outcomes share the group commit's one (lib/store/group_commit.py).
 POOL_BUFFER = 4
 
 
@@ -58,7 +61,7 @@ def main(
     """The command line. registry: the queues, or a function that builds them
     from the settings (queues.registry: tokens, retention); a test's app
     passes its list. schedule: the entries, or a loader of them
-    (lib.setup_check.loader), whose fault is then one line, not a traceback."""
+    (lib.operate.setup_check.loader), whose fault is then one line, not a traceback."""
     try:
         settings = Settings.from_environ()
     except SettingError as exc:
@@ -80,13 +83,13 @@ def main(
     logs.setup(settings.log_level, settings.log_format, errors.configure(settings))
     errors.init(settings.sentry_dsn)
     if args.command == "check":
-        from lib import registry_check
+        from lib.operate import registry_check
 
         # Needs no database: it reads the code, the SQL files and the schedule.
         return registry_check.main(list(registry), list(schedule), Path(__file__).resolve().parent, args.paths)
     url = settings.database_url or _embedded_url(settings)
     if args.command == "db-url":
-        from lib import commands
+        from lib.operate import commands
 
         # Only the URL: no pool, no migration.
         return commands.db_url(url, args, sys.stdout)
@@ -142,8 +145,8 @@ def _serve_starting(settings: Settings, supervisor: Supervisor) -> "tuple[Starti
     if settings.http_addr is None:
         return None, None
     # Only here: the endpoints load prometheus-client, which a worker that
-    # serves none does without (lib/tally.py).
-    from lib.httpd import HttpServer, Starting, starting_app
+    # serves none does without (lib/setup/counters.py).
+    from lib.http.httpd import HttpServer, Starting, starting_app
 
     starting = Starting()
     http = HttpServer(settings.http_addr, starting_app(starting))
@@ -153,7 +156,7 @@ def _serve_starting(settings: Settings, supervisor: Supervisor) -> "tuple[Starti
 
 # One try at the database gets this long, its connect and first statement
 # both: libpq's connect_timeout does not bound a connect that waits through
-# gevent's wait callback (lib/db.py), so a server that accepts the TCP
+# gevent's wait callback (lib/store/db.py), so a server that accepts the TCP
 # connection and never answers would hold the try for ever.
 CONNECT_TIMEOUT = 10.0
 
@@ -241,14 +244,14 @@ def _args(settings: Settings, argv: Sequence[str]) -> "Namespace | SimpleNamespa
     (a test holds the two together), without loading it."""
     if not argv:
         return SimpleNamespace(command=None, shutdown_window=settings.shutdown_window)
-    from lib import cli
+    from lib.operate import cli
 
     return cli.make_parser(settings).parse_args(argv)
 
 
 def _embedded_url(settings: Settings) -> str:
-    # Imported here: a worker given DATABASE_URL never loads lib.embedded.
-    from lib import embedded
+    # Imported here: a worker given DATABASE_URL never loads lib.setup.embedded.
+    from lib.setup import embedded
 
     return embedded.database_url(settings)
 
@@ -276,10 +279,10 @@ def _say_pooler(db: DB, settings: Settings) -> None:
 
 
 def _operate(db: DB, args: "Namespace | SimpleNamespace", registry: Registry) -> int:
-    """The operator's commands; each prints what it did (lib/commands.py)."""
+    """The operator's commands; each prints what it did (lib/operate/commands.py)."""
     # Imported here: a worker that only runs never loads them (tqdm, the
     # tables' code and the registry check are memory it would hold for nothing).
-    from lib import commands, registry_check
+    from lib.operate import commands, registry_check
 
     out, err = sys.stdout, sys.stderr
     handled: dict[str, frozenset[str]] = {}
@@ -336,7 +339,7 @@ def run(
     none), until SIGTERM/SIGINT (or stop); then stop claiming, give running
     jobs the shutdown window, and write off the rest. http: the server
     already started (main's, under this supervisor), to serve the worker's app."""
-    refuse_fork()  # a handler's fork would clone the whole worker (lib/forks.py)
+    refuse_fork()  # a handler's fork would clone the whole worker (lib/store/forks.py)
     stop = stop or Event()
     supervisor = supervisor or Supervisor(stop)
     # One report for an outage of the database, not one per queue or part.
@@ -349,7 +352,7 @@ def run(
     leases = Leases(db, lease=settings.lease_seconds, legacy_age=legacy_age)
     leases.outage = outage
     handles = [(p.queue, p.handles) for p in pollers]
-    leases.seen = workers.register(db, leases.worker_id, [p.queue for p in pollers], leases.lease, handles)
+    leases.seen = worker_registry.register(db, leases.worker_id, [p.queue for p in pollers], leases.lease, handles)
     for poller in pollers:
         poller.outage = outage
         poller.leases = leases
@@ -379,7 +382,7 @@ def run(
     )
     for signum in (signal.SIGTERM, signal.SIGINT):
         gevent.signal_handler(signum, stop.set)
-    blocked.watch(leases.lease / 3)
+    hub_watch.watch(leases.lease / 3)
 
     # Apart, so that no database call, lock or stalled link stands between the
     # fence and a handler that must stop.
@@ -392,8 +395,8 @@ def run(
         helpers.append(supervisor.spawn("clock", Clock(db, list(schedule)).run))
     if settings.http_addr is not None:
         # Only here: the endpoints load prometheus-client, which a worker that
-        # serves none does without (lib/tally.py).
-        from lib import httpd
+        # serves none does without (lib/setup/counters.py).
+        from lib.http import httpd
 
         app = httpd.worker_app(
             db,
@@ -430,7 +433,7 @@ def run(
         gevent.killall(left, timeout=10)
     FINALIZING.join(timeout=30)
     gevent.killall(helpers)
-    workers.unregister(db, leases.worker_id)
+    worker_registry.unregister(db, leases.worker_id)
     log.info("stopped")
     return 0
 
@@ -439,12 +442,12 @@ def _say_unrun(db: DB, registered: Sequence[str]) -> None:
     """Once at start: rows of a queue that no registered queue is (a typo in
     an enqueue, a queue taken out) wait for ever, and only this line says so."""
     try:
-        unrun = stats.unrun_queues(db, registered)
+        unrun = overview.unrun_queues(db, registered)
     except Exception as exc:  # a report, not a reason to stop the worker
         log.warning("could not look for queues no worker runs: %s", exc)
         return
     if unrun:
-        log.warning("%s", stats.unrun_line(unrun))
+        log.warning("%s", overview.unrun_line(unrun))
 
 
 def _wake(pollers: Sequence[Poller]) -> None:

@@ -67,20 +67,20 @@ from bench.common import (
     run_record,
     scratch_database,
 )
-from lib import commands, stats
-from lib.admin import FAILURES_SHOWN
-from lib.commit import Committer
-from lib.db import DB, connect_options
-from lib.metrics import QueueCollector
-from lib.settings import DEFAULT_RETENTION_DAYS as RETENTION_DAYS
-from lib.sql import STATEMENTS, Q, statement
+from lib.http.admin import FAILURES_SHOWN
+from lib.http.metrics import QueueCollector
+from lib.operate import commands, overview
+from lib.setup.settings import DEFAULT_RETENTION_DAYS as RETENTION_DAYS
+from lib.store.db import DB, connect_options
+from lib.store.group_commit import Committer
+from lib.store.sql import STATEMENTS, Q, statement
 from queues.maintenance import BATCH as RETENTION_BATCH
 
 QUEUE = flat.QUEUE
 # The failures the redrive measurements work on: a name of their own on the
 # measured queue, so a filter by name finds the same rows in both tables.
 RECENT_NAME = f"{QUEUE}.Recent"
-# What the operator's redrive sends per statement (lib/commands.py).
+# What the operator's redrive sends per statement (lib/operate/commands.py).
 REDRIVE_BATCH = commands.REDRIVE_BATCH
 # Failures of a dedupe name redriven in one measured call: each costs a whole
 # scan of jobs at (b) as the query is now, so few.
@@ -251,7 +251,7 @@ def probes(args: argparse.Namespace, queues: list[str]) -> list[Probe]:
             "worker_list",
             "worker_list (status)",
             Q.worker_list,
-            lambda t: {"now": None, "periods": stats.ALIVE_PERIODS},
+            lambda t: {"now": None, "periods": overview.ALIVE_PERIODS},
             20,
         ),
         Probe("queue_unrun", "queue_unrun (status)", Q.queue_unrun, lambda t: {"registered": registered}, 20),
@@ -281,7 +281,7 @@ def probes(args: argparse.Namespace, queues: list[str]) -> list[Probe]:
         ),
         Probe(
             "redrive_name",
-            "job_redrive, queue+name (lib.redrive)",
+            "job_redrive, queue+name (lib.operate.redrive)",
             Q.job_redrive,
             lambda t: {"ids": None, "queue": QUEUE, "name": RECENT_NAME},
             5,
@@ -314,7 +314,7 @@ def _retention_params(after: Any) -> Callable[[Table], dict[str, Any]]:
 
 
 def sent(table: Table, probe: Probe, cur: psycopg2.extensions.cursor) -> str:
-    """The probe's statement as lib.db sends it: EXECUTE of the statement
+    """The probe's statement as lib.store.db sends it: EXECUTE of the statement
     prepared on the table's connection (once), its plan cached by the server
     as the pool's is; or, for a query the pool never prepares, its text with
     the values in, planned for them on every run."""
@@ -397,14 +397,14 @@ class EndToEnd:
 
 def scrape_metrics(db: DB, queues: list[str]) -> bytes:
     """The /metrics body's queue gauges, read afresh: a collector with no cache,
-    as the first scrape after lib.metrics.STATS_TTL finds it."""
+    as the first scrape after lib.http.metrics.STATS_TTL finds it."""
     registry = CollectorRegistry()
-    registry.register(QueueCollector(db, stats.queue_stats, queues, ttl=0.0))
+    registry.register(QueueCollector(db, overview.queue_stats, queues, ttl=0.0))
     return generate_latest(registry)
 
 
 def run_status(db: DB, queues: list[str]) -> str:
-    """`python worker.py status` after its parsing: lib.commands.status with the
+    """`python worker.py status` after its parsing: lib.operate.commands.status with the
     registry's queues, printing to a buffer."""
     out = io.StringIO()
     commands.status(db, SimpleNamespace(json=False), out, queues=queues)

@@ -13,7 +13,7 @@ Two fresh databases of one server (DATABASE_URL, else the embedded one in
       rest over --other-queues other queues, a fifth of them delayed. Written
       by INSERT ... SELECT FROM generate_series. Both: VACUUM ANALYZE, CHECKPOINT.
 
-On both, the worker's own writes through lib/commit.py's group commit (the
+On both, the worker's own writes through lib/store/group_commit.py's group commit (the
 job_step_one named query, prepared, autocommit), in rounds, alternating job by
 job between (a) and (b) so the machine's load falls on both alike: a claim
 alone and the job's outcome alone, then the steady state of a busy one-slot
@@ -64,10 +64,10 @@ from bench.common import (
     run_record,
     scratch_database,
 )
-from lib.commit import Committer, Reply
-from lib.db import DB
 from lib.insert import Job, insert_many
-from lib.sql import Q
+from lib.store.db import DB
+from lib.store.group_commit import Committer, Reply
+from lib.store.sql import Q
 
 QUEUE = "flat"
 NAME = "flat.Noop"

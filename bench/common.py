@@ -29,10 +29,10 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg2
 import psycopg2.extensions
 
-from lib import embedded
-from lib.db import DB
-from lib.migrate import migrate
-from lib.settings import Settings
+from lib.setup import embedded
+from lib.setup.settings import Settings
+from lib.store.db import DB
+from lib.store.migrate import migrate
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA_DIR = ROOT / ".pgdata" / "bench"

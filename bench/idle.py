@@ -55,9 +55,9 @@ from bench.common import (
     run_record,
     scratch_database,
 )
-from lib.db import DB
-from lib.leases import LEASE_SECONDS
-from lib.poller import Poller
+from lib.background.leases import LEASE_SECONDS
+from lib.run.poller import Poller
+from lib.store.db import DB
 
 APP = ROOT / "bench" / "apps" / "idle_worker.py"
 TARGET_PER_MINUTE = 10.0

@@ -63,7 +63,7 @@ from bench.common import (
 )
 from bench.compare import Side, WorkerProcess, vacuum_analyze, worker
 from lib.insert import Job, insert_many
-from lib.sql import Q
+from lib.store.sql import Q
 
 QUEUES = [f"q{i:02d}" for i in range(40)]
 INSERT_CHUNK = 10_000

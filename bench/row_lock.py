@@ -62,7 +62,7 @@ from bench.common import (
     scratch_database,
 )
 from lib.insert import Job, insert, insert_many
-from lib.sql import Q
+from lib.store.sql import Q
 
 APP = ROOT / "tests" / "apps" / "many_queues_worker.py"
 BUSY_QUEUES = [f"q{i:02d}" for i in range(1, 41)]

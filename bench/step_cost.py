@@ -41,8 +41,8 @@ from bench.common import (
     run_record,
     scratch_database,
 )
-from lib.commit import Ask, batch_step, lone_step
-from lib.sql import STATEMENTS
+from lib.store.group_commit import Ask, batch_step, lone_step
+from lib.store.sql import STATEMENTS
 
 PATHS = {"jobs_step_one": lone_step, "jobs_step (a batch of one)": lambda ask: batch_step([ask])}
 WARMUP = 200  # untimed steps first: the statements are prepared and planned

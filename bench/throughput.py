@@ -50,9 +50,9 @@ from bench.common import (
     run_record,
     scratch_database,
 )
-from lib.db import DB
 from lib.insert import Job, insert_many
-from lib.poller import PendingJob, Poller
+from lib.run.poller import PendingJob, Poller
+from lib.store.db import DB
 
 TARGET_RATIO = 1 / 3
 JOB_NAME = "q.Noop"

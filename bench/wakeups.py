@@ -52,9 +52,9 @@ from bench.common import (
     run_record,
     scratch_database,
 )
-from lib.db import DB
-from lib.poller import PendingJob, Poller
-from lib.wakeups import Listener
+from lib.run.poller import PendingJob, Poller
+from lib.store.db import DB
+from lib.store.wakeups import Listener
 
 QUEUE = "wake"
 PROBE = "wake.Probe"

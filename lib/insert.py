@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from lib.sql import ROOT, Q
+from lib.store.sql import ROOT, Q
 
 # The payload is a handler's arguments, not a place for documents; a large
 # blob belongs in a table the handler reads. Postgres would take far more, but

@@ -5,9 +5,9 @@ from collections.abc import Callable
 from functools import update_wrapper
 from typing import Any
 
-from lib.db import DB
-from lib.poller import Poller
-from lib.settings import Settings
+from lib.run.poller import Poller
+from lib.setup.settings import Settings
+from lib.store.db import DB
 from queues import anthropic, apollo, caches, github, maintenance, slack
 
 REGISTRY: list[Callable[[DB], Poller]] = [

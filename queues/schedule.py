@@ -1,6 +1,6 @@
 """The schedule: the jobs the clock enqueues, and when (UTC). A new entry is one line."""
 
-from lib.clock import Scheduled, daily, every
+from lib.background.clock import Scheduled, daily, every
 
 SCHEDULE: list[Scheduled] = [
     Scheduled("caches", "caches.Age", every(15)),

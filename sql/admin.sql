@@ -1,4 +1,4 @@
--- Named queries of the admin page (lib/admin) on the jobs table, read-only.
+-- Named queries of the admin page (lib/http/admin) on the jobs table, read-only.
 
 -- name: job_failed_list
 -- The newest failed (err:) jobs, optionally of one queue and one name, read newest first through jobs_failed, or jobs_failed_queue for a queue (their predicate is this one), so the cost is bounded by the failures kept, not by every finished row.

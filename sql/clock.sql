@@ -1,4 +1,4 @@
--- Named queries of the clock, which enqueues the scheduled jobs (lib/clock.py).
+-- Named queries of the clock, which enqueues the scheduled jobs (lib/background/clock.py).
 
 -- name: clock_fire
 -- Enqueue one schedule entry for one minute: once per (entry, minute) across all clocks, none while a copy of it (same queue, name and args) is pending.

@@ -1,7 +1,7 @@
 -- Named queries on job_queues: the state of a queue shared by every process.
 
 -- name: queue_pause
--- Pause a queue for every worker, until a moment or (NULL) until resumed; the workers are told on channel jobs_state (lib/queue_state.py), so their logs show it. The reason is cut there: a notification holds at most 8000 bytes.
+-- Pause a queue for every worker, until a moment or (NULL) until resumed; the workers are told on channel jobs_state (lib/operate/queue_state.py), so their logs show it. The reason is cut there: a notification holds at most 8000 bytes.
 WITH paused AS (
   INSERT INTO job_queues (queue, paused_until, pause_reason)
   VALUES (%(queue)s, coalesce(%(until)s::timestamptz, 'infinity'), %(reason)s)

@@ -1,6 +1,6 @@
--- Named queries on the jobs table, loaded once by lib/sql.py. Each starts with a "-- name: X"
+-- Named queries on the jobs table, loaded once by lib/store/sql.py. Each starts with a "-- name: X"
 -- line and a one-line comment that says what it is for; a "-- plan: custom" line under them
--- has the pool send it with its values, planned for them on every run (lib/sql.py).
+-- has the pool send it with its values, planned for them on every run (lib/store/sql.py).
 
 -- name: job_insert
 -- Enqueue one job: jobs_insert (migration 015); NULL when a unique index (dedupe) suppressed it.
@@ -25,14 +25,14 @@ FROM jobs_step_one(%(id)s, %(worker_id)s, %(attempts)s, %(status)s, %(retry_in)s
                    %(last_traceback)s, %(delay)s, %(uncounted)s, NULL, NULL, NULL, NULL, NULL, NULL)
 
 -- name: job_step_one
--- A group commit of one ask (lib/commit.py): an outcome (o_ parameters, all NULL for none) and/or one slot's claim (c_ parameters, all NULL for none), in job_step's columns. jobs_step_one (migration 017).
+-- A group commit of one ask (lib/store/group_commit.py): an outcome (o_ parameters, all NULL for none) and/or one slot's claim (c_ parameters, all NULL for none), in job_step's columns. jobs_step_one (migration 017).
 SELECT queue, worker_id, id, name, args, attempts, max_attempts, callsite, latency, wait, slot
 FROM jobs_step_one(%(o_id)s, %(o_worker_id)s, %(o_attempts)s, %(o_status)s, %(o_retry_in)s, %(o_last_error)s,
                    %(o_last_traceback)s, %(o_delay)s, %(o_uncounted)s,
                    %(c_queue)s, %(c_slot)s, %(c_worker_id)s, %(c_lease)s, %(c_max_attempts)s, %(c_id)s)
 
 -- name: job_step
--- One group commit of several asks (lib/commit.py): outcomes of any queues, then claims grouped by queue, in one round trip and one transaction. jobs_step (migration 014).
+-- One group commit of several asks (lib/store/group_commit.py): outcomes of any queues, then claims grouped by queue, in one round trip and one transaction. jobs_step (migration 014).
 SELECT queue, worker_id, id, name, args, attempts, max_attempts, callsite, latency, wait, slot
 FROM jobs_step(%(o_id)s::bigint[], %(o_worker_id)s::text[], %(o_attempts)s::int[], %(o_status)s::text[],
                %(o_retry_in)s::float8[], %(o_last_error)s::text[], %(o_last_traceback)s::text[],

@@ -1,4 +1,4 @@
--- Named queries of the operator's commands (lib/commands.py) on the jobs table.
+-- Named queries of the operator's commands (lib/operate/commands.py) on the jobs table.
 
 -- name: job_failed
 -- Failed (err:) rows newest first, by optional ids, queue, name and age in seconds, at most limit (NULL: all); read backwards through jobs_failed (jobs_failed_queue for a queue), so a limit stops early.

@@ -1,4 +1,4 @@
--- Read-only queries for the operator's views (lib/stats.py): status, /metrics.
+-- Read-only queries for the operator's views (lib/operate/overview.py): status, /metrics.
 -- Each reads the jobs table only through a partial index (pending rows, started
 -- rows, rows finished since a moment), so its cost does not grow with the
 -- finished rows kept for retention.

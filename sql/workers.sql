@@ -1,4 +1,4 @@
--- Named queries on workers: the registry of worker processes (lib/workers.py, lib/stats.py).
+-- Named queries on workers: the registry of worker processes (lib/background/worker_registry.py, lib/operate/overview.py).
 
 -- name: worker_seen
 -- Note a worker as seen now: its row written at start, last_seen moved on at each refresh (written again if it was forgotten meanwhile).

@@ -1,7 +1,7 @@
 """A private Postgres that chaos tests may restart and cut connections of.
 
 The rest of the suite may share a server (DATABASE_URL) that must never be
-restarted, so a chaos test gets its own: the embedded server (lib.embedded)
+restarted, so a chaos test gets its own: the embedded server (lib.setup.embedded)
 in a data folder under a temporary directory, listening on a Unix socket
 only, stopped (and its folder removed) at the end. Any test file can use it:
 
@@ -29,8 +29,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import psycopg2
 
-from lib import embedded
-from lib.settings import Settings
+from lib.setup import embedded
+from lib.setup.settings import Settings
 
 
 class ChaosServer:

@@ -12,10 +12,10 @@ from programs import MISSING  # noqa: E402
 from sentry_sdk.transport import Transport  # noqa: E402
 from tests_support import scratch_database  # noqa: E402
 
-from lib import embedded, errors  # noqa: E402
-from lib.db import DB  # noqa: E402
-from lib.migrate import migrate  # noqa: E402
-from lib.settings import Settings  # noqa: E402
+from lib.setup import embedded, errors  # noqa: E402
+from lib.setup.settings import Settings  # noqa: E402
+from lib.store.db import DB  # noqa: E402
+from lib.store.migrate import migrate  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -89,7 +89,7 @@ def sentry_events() -> Iterator[list[dict]]:
 @pytest.fixture
 def settings_of(monkeypatch: pytest.MonkeyPatch) -> Callable[[Mapping[str, str]], Settings]:
     """settings_of(env): the settings worker.main would read from env, their
-    secrets masked by lib.errors as worker.main has them masked, until the test ends."""
+    secrets masked by lib.setup.errors as worker.main has them masked, until the test ends."""
 
     def read(env: Mapping[str, str]) -> Settings:
         settings = Settings.from_env(env)

@@ -7,7 +7,7 @@ from contextlib import contextmanager
 import gevent
 from gevent.event import Event
 
-from lib.httpd import HttpServer
+from lib.http.httpd import HttpServer
 
 
 @contextmanager

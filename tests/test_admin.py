@@ -10,26 +10,27 @@ import requests
 from http_support import serving
 from proxy import Proxy
 
-import lib.admin
-from lib import metrics, stats
-from lib.admin import Admin
-from lib.db import DB
-from lib.httpd import Health, make_app
+import lib.http.admin
+from lib.http import metrics
+from lib.http.admin import Admin
+from lib.http.httpd import Health, make_app
 from lib.insert import insert
+from lib.operate import overview
+from lib.store.db import DB
 
 TOKEN = "admin-" + "t0ken" * 5
 
 
 @contextmanager
 def admin_site(db, **options):
-    admin = Admin(db, TOKEN, queue_stats=stats.queue_stats, workers=stats.workers, queues=["mail"], **options)
+    admin = Admin(db, TOKEN, queue_stats=overview.queue_stats, workers=overview.workers, queues=["mail"], **options)
     with serving(make_app(Health(db), metrics.registry(), admin=admin)) as base:
         yield base
 
 
 @pytest.fixture(autouse=True)
 def _no_login_penalty(monkeypatch):
-    monkeypatch.setattr(lib.admin, "LOGIN_PENALTY", 0.0)
+    monkeypatch.setattr(lib.http.admin, "LOGIN_PENALTY", 0.0)
 
 
 def log_in(base: str) -> requests.Session:
@@ -95,8 +96,8 @@ def test_the_login_sets_a_strict_http_only_cookie_that_is_not_the_token(db, capl
 
 
 def test_a_forged_or_expired_session_is_sent_to_log_in(db):
-    admin = Admin(db, TOKEN, queue_stats=stats.queue_stats, workers=stats.workers)
-    other = Admin(db, "another-" + TOKEN, queue_stats=stats.queue_stats, workers=stats.workers)
+    admin = Admin(db, TOKEN, queue_stats=overview.queue_stats, workers=overview.workers)
+    other = Admin(db, "another-" + TOKEN, queue_stats=overview.queue_stats, workers=overview.workers)
     expired = "1.00ff." + admin._sign("session:1.00ff")
     with serving(make_app(Health(db), metrics.registry(), admin=admin)) as base:
         for value in ("x", "9999999999.00ff.0000", expired, other._new_session()):

@@ -22,10 +22,12 @@ from http_support import serving
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 from programs import require
 
-from lib import metrics, stats, workers
-from lib.admin import Admin
-from lib.httpd import Health, make_app
+from lib.background import worker_registry
+from lib.http import metrics
+from lib.http.admin import Admin
+from lib.http.httpd import Health, make_app
 from lib.insert import insert
+from lib.operate import overview
 
 CHROMIUM = require("/usr/bin/chromium", "chromium")
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
@@ -48,7 +50,12 @@ def admin_site(db, *, token: str | None = TOKEN, refresh: float = 3600.0) -> Ite
     admin = None
     if token:
         admin = Admin(
-            db, token, queue_stats=stats.queue_stats, workers=stats.workers, queues=["mail", "sms"], refresh=refresh
+            db,
+            token,
+            queue_stats=overview.queue_stats,
+            workers=overview.workers,
+            queues=["mail", "sms"],
+            refresh=refresh,
         )
     with serving(make_app(Health(db), metrics.registry(), admin=admin)) as base:
         yield base
@@ -94,7 +101,7 @@ def test_log_in_see_the_queues_retry_a_failure_pause_and_resume(db, browser):
     for _ in range(3):
         insert(db, "sms", "sms.Send", {"to": "+100"})
     failed = failed_job(db, "mail", "mail.Send", "err: RuntimeError: smtp down", {"to": "ops@example.com", "n": 7})
-    workers.register(db, "vm-1:4242:ab12cd34", ["mail", "sms"], 30.0)
+    worker_registry.register(db, "vm-1:4242:ab12cd34", ["mail", "sms"], 30.0)
     # The watching tab reloads every second; the acting tab's page does not,
     # so no reload lands between a click and the next.
     with admin_site(db, refresh=1.0) as watch_base, admin_site(db) as base:

@@ -21,9 +21,9 @@ from chaos_server import ChaosServer, worker_env
 from proxy import Proxy
 from tests_support import ROOT, wait_for
 
-from lib.db import DB
 from lib.insert import Job, insert_many
-from lib.migrate import migrate
+from lib.store.db import DB
+from lib.store.migrate import migrate
 
 BLIP_WORKER = ROOT / "tests" / "apps" / "blip_worker.py"
 LEASE = 3.0

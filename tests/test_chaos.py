@@ -30,9 +30,9 @@ import pytest
 from chaos_server import ChaosServer, worker_env
 from proxy import Proxy
 
-from lib.db import DB
 from lib.insert import Job, insert_many
-from lib.migrate import migrate
+from lib.store.db import DB
+from lib.store.migrate import migrate
 
 pytestmark = pytest.mark.chaos
 

@@ -6,7 +6,7 @@ import psycopg2
 from tests_support import ROOT, paused
 
 from lib.insert import insert
-from lib.migrate import migrations
+from lib.store.migrate import migrations
 
 
 def cli(database_url: str, *args: str) -> subprocess.CompletedProcess:

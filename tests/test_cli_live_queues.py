@@ -15,9 +15,9 @@ import pytest
 from tests_support import ROOT, paused, read_until, wait_for
 
 import worker
-from lib import workers
+from lib.background import worker_registry
 from lib.insert import insert
-from lib.queue_state import pause
+from lib.operate.queue_state import pause
 from queues import REGISTRY
 
 ELSEWHERE = ROOT / "tests" / "apps" / "elsewhere_worker.py"
@@ -165,9 +165,9 @@ def test_failed_and_redrive_know_the_names_of_failed_jobs(db, cli):
 
 
 def test_only_a_live_worker_makes_its_queue_and_names_known(db, cli):
-    """Alive as the status command reads it (lib/stats.py): seen within
+    """Alive as the status command reads it (lib/operate/overview.py): seen within
     three of its leases. A worker row older than that names nothing."""
-    workers.register(db, "far-1:7:abc", ["faraway"], 30.0, [("faraway", ["faraway.Job"])])
+    worker_registry.register(db, "far-1:7:abc", ["faraway"], 30.0, [("faraway", ["faraway.Job"])])
     code, out, err = cli("enqueue", "faraway", "faraway.Job")
     assert code == 0, err
     assert out.startswith("enqueued job ")

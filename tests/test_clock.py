@@ -8,9 +8,19 @@ import pytest
 from gevent.event import Event
 from tests_support import count_jobs
 
-from lib.clock import FIRE_LOCK_TIMEOUT, Clock, Scheduled, daily, every, floor_minute, hourly, last_match, weekdays
-from lib.db import DB
+from lib.background.clock import (
+    FIRE_LOCK_TIMEOUT,
+    Clock,
+    Scheduled,
+    daily,
+    every,
+    floor_minute,
+    hourly,
+    last_match,
+    weekdays,
+)
 from lib.insert import insert
+from lib.store.db import DB
 
 # A Monday.
 MON = datetime(2026, 3, 2, tzinfo=UTC)

@@ -6,10 +6,10 @@ from datetime import UTC, datetime, timedelta
 import gevent
 import pytest
 
-from lib.clock import Clock, Scheduled, check_schedule, daily, every
-from lib.db import DB
+from lib.background.clock import Clock, Scheduled, check_schedule, daily, every
 from lib.insert import insert
-from lib.migrate import migrate, migrations
+from lib.store.db import DB
+from lib.store.migrate import migrate, migrations
 
 # A Monday.
 MON = datetime(2026, 3, 2, tzinfo=UTC)
@@ -72,7 +72,7 @@ def test_identical_entries_are_refused_and_others_of_one_name_are_not():
 
 
 def test_the_schedule_check_refuses_what_no_clock_can_run():
-    """check_schedule is what the clock and lib.setup_check both ask: an
+    """check_schedule is what the clock and lib.operate.setup_check both ask: an
     entry listed twice, or one that is not an entry at all, is one line."""
     with pytest.raises(ValueError, match=r"^the schedule lists these jobs more than once: reports\.Send"):
         check_schedule([OPS, DEV, OPS])

@@ -19,13 +19,15 @@ import pytest
 from tests_support import ROOT
 
 import worker
-from lib import commands, embedded, stats, workers
-from lib.args import ArgsError, unmarshal_args
-from lib.cli import make_parser
+from lib.background import worker_registry
 from lib.insert import insert
-from lib.queue_state import pause
-from lib.registry_check import handled
-from lib.settings import Settings, masked_dsn
+from lib.job.args import ArgsError, unmarshal_args
+from lib.operate import commands, overview
+from lib.operate.cli import make_parser
+from lib.operate.queue_state import pause
+from lib.operate.registry_check import handled
+from lib.setup import embedded
+from lib.setup.settings import Settings, masked_dsn
 from queues import REGISTRY
 
 SECRET_ARG = "args-are-private-4711"
@@ -96,7 +98,7 @@ def test_status_shows_each_queue_and_the_workers_live_and_dead(db, cli):
     pause(db, "github", "vendor incident", until)
     pause(db, "slack", "token rotation")
     db.exec("INSERT INTO job_queues (queue, next_claim_at) VALUES ('apollo', now() + interval '40 seconds')")
-    workers.register(db, "web-1:42:abc", ["caches", "github"], 30.0)
+    worker_registry.register(db, "web-1:42:abc", ["caches", "github"], 30.0)
     db.exec(
         "INSERT INTO workers VALUES ('dead-1', 'old-host', 7, '{github}', now() - interval '1 day', "
         "now() - interval '10 minutes', 30)"
@@ -376,7 +378,7 @@ def test_cancel_ends_pending_jobs_and_names_the_others(db, cli):
         (running, "started", False),
         (done, "ok", True),
     ]
-    assert stats.queue_stats(db, ["caches"])[0].done_1h["skip"] == 2  # counted as skips, not errors
+    assert overview.queue_stats(db, ["caches"])[0].done_1h["skip"] == 2  # counted as skips, not errors
     again = _job(db, n=5)
     code, out, _ = cli("cancel", str(again), "--json")
     assert (code, json.loads(out)) == (0, {"cancelled": [again], "left": []})
@@ -394,7 +396,7 @@ def test_db_url_masks_the_password(cli, monkeypatch):
     url = "postgresql://jobs:s3cr3t-pw@db.example:5432/jobs"
     monkeypatch.setenv("DATABASE_URL", url)
     code, out, _ = cli("db-url")
-    # The mask is lib.settings' (its text may change); the password never shows.
+    # The mask is lib.setup.settings' (its text may change); the password never shows.
     assert (code, out) == (0, masked_dsn(url) + "\n")
     assert "s3cr3t-pw" not in out and out.startswith("postgresql://jobs:") and out.endswith("@db.example:5432/jobs\n")
     assert json.loads(cli("db-url", "--json")[1]) == {"url": masked_dsn(url)}

@@ -8,7 +8,7 @@ import psycopg2
 import pytest
 from gevent.server import StreamServer
 
-from lib.db import DB, PoolTimeout, connect_options, is_conn_failure
+from lib.store.db import DB, PoolTimeout, connect_options, is_conn_failure
 
 
 def _wait_for(predicate, timeout: float = 10.0) -> None:
@@ -270,10 +270,10 @@ LITERAL_VALUES = [
 
 
 def test_values_written_without_the_driver_are_what_the_driver_writes(db):
-    """lib.db writes the common values of a prepared statement itself: byte for
+    """lib.store.db writes the common values of a prepared statement itself: byte for
     byte what psycopg2's mogrify writes, or None to leave the value (and the
     statement) to the driver."""
-    from lib.db import _literal
+    from lib.store.db import _literal
 
     fast = 0
     with db.connection() as conn, conn.cursor() as cur:
@@ -289,10 +289,10 @@ def test_values_written_without_the_driver_are_what_the_driver_writes(db):
 
 
 def test_a_prepared_statement_reads_back_every_value_it_was_given(db, monkeypatch):
-    """Through a named query run prepared, the values lib.db writes and those
+    """Through a named query run prepared, the values lib.store.db writes and those
     it leaves to the driver, side by side in one statement, reach the server
     as they were sent."""
-    from lib.sql import STATEMENTS, statement
+    from lib.store.sql import STATEMENTS, statement
 
     echo = "SELECT %(t)s::text, %(n)s::numeric, %(f)s::float8, %(b)s::bool"
     monkeypatch.setitem(STATEMENTS, echo, statement("test_echo", echo))

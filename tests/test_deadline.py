@@ -1,4 +1,4 @@
-"""lib/deadline.py: one timer restarted for each block, and the group
+"""lib/greenlets/deadline.py: one timer restarted for each block, and the group
 commit's round trip that outlives its deadline."""
 
 import time
@@ -7,11 +7,11 @@ import gevent
 import pytest
 from tests_support import updates_held, wait_for, waiting_on
 
-from lib.commit import Committer
-from lib.db import NoReply
-from lib.deadline import Deadline, Expired
+from lib.greenlets.deadline import Deadline, Expired
 from lib.insert import insert
-from lib.poller import Outcome, Poller
+from lib.run.poller import Outcome, Poller
+from lib.store.db import NoReply
+from lib.store.group_commit import Committer
 
 # The advisory lock key of this module's gate (tests_support.updates_held).
 GATE = 7_100_012

@@ -5,9 +5,9 @@ import pytest
 from tests_support import count_jobs, paused, run_python
 
 from lib.insert import Job, insert, insert_many
-from lib.poller import Poller
-from lib.queue_state import pause, resume
-from lib.sql import Q
+from lib.operate.queue_state import pause, resume
+from lib.run.poller import Poller
+from lib.store.sql import Q
 
 
 @pytest.fixture
@@ -108,8 +108,8 @@ def test_dedupe_must_name_handled_jobs(db):
 
 _THROTTLED_WORKER = """
 from gevent.event import Event
-from lib.db import DB
-from lib.poller import Poller
+from lib.store.db import DB
+from lib.run.poller import Poller
 db = DB.connect({url!r}, size=2)
 poller = Poller("t", db, {{"t.N": lambda job: "ok"}}, throttle=lambda status, error, elapsed: 30.0)
 # Stopping: this process does not sit the pause out itself; the queue's other workers must.

@@ -15,12 +15,12 @@ import pytest
 from gevent.event import Event
 from tests_support import ROOT, read_until, run_python, wait_for, waiting_on
 
-from lib.db import DB
 from lib.insert import insert
-from lib.migrate import migrate, migrations
-from lib.poller import Poller
-from lib.queue_state import pause, resume
-from lib.sql import Q
+from lib.operate.queue_state import pause, resume
+from lib.run.poller import Poller
+from lib.store.db import DB
+from lib.store.migrate import migrate, migrations
+from lib.store.sql import Q
 from worker import _start_pollers
 
 # A process that declares what its Poller of queue dd lists, the way a worker
@@ -29,8 +29,8 @@ DECLARE = """
 import os
 
 import worker
-from lib.db import DB
-from lib.poller import Poller
+from lib.store.db import DB
+from lib.run.poller import Poller
 
 names = set(os.environ["DEDUPE_NAMES"].split(","))
 db = DB.connect(os.environ["DATABASE_URL"], size=1)

@@ -24,8 +24,8 @@ import psycopg2
 import pytest
 from packaging.requirements import Requirement
 
-from lib import embedded
-from lib.settings import Settings
+from lib.setup import embedded
+from lib.setup.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -211,7 +211,7 @@ from pathlib import Path
 
 import psycopg2
 
-from lib import embedded
+from lib.setup import embedded
 
 print("ready", flush=True)
 sys.stdin.readline()  # the test says go to both at once

@@ -6,8 +6,8 @@ import logging
 import sentry_sdk
 from tests_support import run_python
 
-from lib import errors
-from lib.settings import Settings
+from lib.setup import errors
+from lib.setup.settings import Settings
 
 SECRETS = {
     "GITHUB_TOKEN": "sekret-TOKEN-1234",
@@ -84,8 +84,8 @@ def test_mask_walks_every_container_and_leaves_the_rest():
 _WITHOUT_GEVENT = """
 import sys
 sys.modules["gevent"] = sys.modules["greenlet"] = None  # as if not installed: importing them fails
-from lib import errors
-from lib.settings import Settings
+from lib.setup import errors
+from lib.setup.settings import Settings
 errors.configure(Settings.from_environ())
 print(errors.mask({"m": ["a s3cr3t"]}, errors.configured_secrets()))
 """

@@ -215,7 +215,7 @@ def test_a_worker_whose_http_port_is_taken_warns_once_runs_its_jobs_and_binds_on
     blocker.listen()
     port = blocker.getsockname()[1]
     # Tries to bind every 0.2 s (not every 30 s): many quiet tries within the test.
-    proc = _probe_worker(database_url, port, "import lib.httpd", "lib.httpd.BIND_RETRY = 0.2")
+    proc = _probe_worker(database_url, port, "import lib.http.httpd", "lib.http.httpd.BIND_RETRY = 0.2")
     try:
         before = read_until(proc, "cannot listen on")
         job_id = insert(db, "probe", "probe.Sleep", {"seconds": 0})

@@ -6,8 +6,8 @@ combination of filters answers what a plain reading of the filters says."""
 import itertools
 from datetime import timedelta
 
-from lib.db import DB
-from lib.sql import Q
+from lib.store.db import DB
+from lib.store.sql import Q
 
 # (queue, name, status, finished this long ago); every one at its own instant.
 ROWS = [

@@ -27,12 +27,12 @@ from pathlib import Path
 
 import pytest
 
-from lib import embedded
-from lib.clock import Scheduled, every
-from lib.errors import MAX_TRACEBACK_BYTES
+from lib.background.clock import Scheduled, every
 from lib.insert import insert
-from lib.poller import Poller
-from lib.registry_check import schedule_args_problems
+from lib.operate.registry_check import schedule_args_problems
+from lib.run.poller import Poller
+from lib.setup import embedded
+from lib.setup.errors import MAX_TRACEBACK_BYTES
 from queues import REGISTRY
 from tests.tests_support import wait_for
 
@@ -156,7 +156,7 @@ def project(tmp_path: Path) -> Path:
 
 def make_app_venv(where: Path) -> Path:
     """A fresh virtualenv of an application (no system site-packages) with
-    the driver lib.connect uses; returns its python."""
+    the driver lib.setup.connect uses; returns its python."""
     venv.create(where, with_pip=True)
     python = where / "bin" / "python"
     pin = re.search(r"^psycopg2-binary==\S+", (ROOT / "requirements.txt").read_text(), re.MULTILINE)
@@ -235,8 +235,8 @@ def fire_schedule(project: Path, database_url: str) -> None:
         "from gevent import monkey; monkey.patch_all()\n"
         "import os\n"
         "from datetime import UTC, datetime\n"
-        "from lib.clock import Clock\n"
-        "from lib.db import DB\n"
+        "from lib.background.clock import Clock\n"
+        "from lib.store.db import DB\n"
         "from queues.schedule import SCHEDULE\n"
         "db = DB.connect(os.environ['DATABASE_URL'], size=1)\n"
         f"print(Clock(db, [e for e in SCHEDULE if e.queue == {QUEUE!r}]).tick(datetime(2026, 1, 1, tzinfo=UTC)))\n"
@@ -464,7 +464,7 @@ def test_check_fails_a_scheduled_entry_whose_args_do_not_fit_its_handler(project
 
 
 def test_args_of_a_wrapped_handler_are_checked_too():
-    """The API queues' handlers sit behind lib.api_queue's wrapper; a wrong
+    """The API queues' handlers sit behind lib.run.api_queue's wrapper; a wrong
     type is named with the field."""
     entries = [
         Scheduled("github", "github.FetchRepo", every(15), args={"owner": "octo", "repo": 7}),
@@ -476,7 +476,7 @@ def test_args_of_a_wrapped_handler_are_checked_too():
 
 
 def test_connect_without_database_url_starts_and_holds_the_embedded_server():
-    """With no DATABASE_URL, lib.connect reaches the worker's embedded server
+    """With no DATABASE_URL, lib.setup.connect reaches the worker's embedded server
     (starting it, as no worker runs), holds it while the program runs, and
     the server stops once the program, its last user, exits."""
     # Not tmp_path: as root the server runs as postgres, which must enter the folders above it.
@@ -485,7 +485,7 @@ def test_connect_without_database_url_starts_and_holds_the_embedded_server():
     data_dir = base / "pgdata"
     code = (
         "import sys\n"
-        "from lib.connect import connect\n"
+        "from lib.setup.connect import connect\n"
         "conn = connect()\n"
         "with conn, conn.cursor() as cur:\n"
         "    cur.execute('SELECT 41 + 1')\n"

@@ -12,14 +12,14 @@ import pytest
 from gevent.event import Event
 from tests_support import count_jobs, poll_until, updates_held, wait_for, waiting_on
 
-import lib.lingering
+import lib.greenlets.standby
 import worker
-from lib.commit import array_literal
-from lib.db import DB, NoReply
 from lib.insert import insert
-from lib.poller import FINALIZING, Outcome, Poller
-from lib.settings import Settings
-from lib.sql import Q
+from lib.run.poller import FINALIZING, Outcome, Poller
+from lib.setup.settings import Settings
+from lib.store.db import DB, NoReply
+from lib.store.group_commit import array_literal
+from lib.store.sql import Q
 
 # The advisory lock key of this module's gate (tests_support.updates_held).
 GATE = 7_100_011
@@ -262,7 +262,7 @@ def test_a_lone_outcome_cut_off_in_its_greenlet_leaves_the_committer_sending(db,
     on the way (a trigger holds its update), that greenlet takes the
     batch down with it: the ask hears so, and the ask queued behind it still
     goes, with no sender left from before to find it, and so does the next."""
-    monkeypatch.setattr(lib.lingering, "LINGER", 0.05)
+    monkeypatch.setattr(lib.greenlets.standby, "LINGER", 0.05)
     poller = Poller("cut", db, {"cut.N": lambda job: "ok"})
     first = insert(db, "cut", "cut.N")
     job = poller.claim()
@@ -292,7 +292,7 @@ def test_asks_of_one_turn_go_together_from_a_sender_that_leaves_once_idle(db, mo
     instead of ending with each, and is gone once nothing has come for LINGER
     seconds. Once batches carry several asks, an outcome waits for the
     sender's turn too, so the outcomes of one turn go together."""
-    monkeypatch.setattr(lib.lingering, "LINGER", 0.5)
+    monkeypatch.setattr(lib.greenlets.standby, "LINGER", 0.5)
     pollers = [Poller(f"t{n}", db, {"t.N": lambda job: "ok"}) for n in range(3)]
     for poller in pollers:
         insert(db, poller.queue, "t.N")
@@ -322,7 +322,7 @@ def test_a_slot_writes_its_outcomes_from_one_greenlet_that_ends_with_the_slot(db
     """Each outcome is written in a greenlet apart from the poller's (a kill
     at the end of the shutdown window cannot cut it), the same one for every
     job of a busy slot; when the slot stops, it ends at once, not a linger later."""
-    monkeypatch.setattr(lib.lingering, "LINGER", 30.0)
+    monkeypatch.setattr(lib.greenlets.standby, "LINGER", 30.0)
     poller = Poller("w", db, {"w.N": lambda job: "ok"})
     for _ in range(10):
         insert(db, "w", "w.N")

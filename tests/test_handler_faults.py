@@ -15,12 +15,12 @@ import pytest
 from gevent.event import Event
 from tests_support import ROOT, count_jobs, wait_for
 
-from lib import status as st
-from lib import tally
-from lib.commit import Ask, batch_step
-from lib.db import DB
 from lib.insert import insert
-from lib.poller import Outcome, PendingJob, Poller, Snooze
+from lib.job import status as st
+from lib.run.poller import Outcome, PendingJob, Poller, Snooze
+from lib.setup import counters
+from lib.store.db import DB
+from lib.store.group_commit import Ask, batch_step
 
 FAULT_WORKER = ROOT / "tests" / "apps" / "fault_worker.py"
 
@@ -125,7 +125,7 @@ def test_a_fault_after_the_write_loses_neither_the_job_claimed_with_it_nor_the_s
     def broken(queue: str, outcome: Outcome, seconds: float) -> None:
         raise RuntimeError("a bug in counting")
 
-    monkeypatch.setattr(tally, "job_done", broken)
+    monkeypatch.setattr(counters, "job_done", broken)
     poller = Poller("q", db, {"q.N": _ok})
     ids = [insert(db, "q", "q.N") for _ in range(3)]
     _work_until(poller, lambda: count_jobs(db, UNFINISHED) == 0)

@@ -22,8 +22,8 @@ from gevent.pool import Pool
 from http_support import free_port
 from tests_support import PROBE_WORKER, ROOT, wait_for
 
-from lib import metrics
-from lib.httpd import HttpServer, make_app
+from lib.http import metrics
+from lib.http.httpd import HttpServer, make_app
 from lib.insert import insert
 
 HALF_HEAD = b"GET /healthz HTTP/1.1\r\nHost: x\r\n"  # the blank line that ends a head never comes

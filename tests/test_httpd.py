@@ -16,15 +16,15 @@ from proxy import Proxy
 from tests_support import ROOT, wait_for
 
 import worker
-from lib import metrics
-from lib.db import DB
-from lib.httpd import Health, HttpServer, make_app
+from lib.greenlets.supervise import Supervisor
+from lib.http import metrics
+from lib.http.httpd import Health, HttpServer, make_app
 from lib.insert import insert
-from lib.migrate import migrate
-from lib.poller import Poller
-from lib.settings import SettingError, Settings, http_addr
-from lib.supervise import Supervisor
-from lib.wakeups import Listener
+from lib.run.poller import Poller
+from lib.setup.settings import SettingError, Settings, http_addr
+from lib.store.db import DB
+from lib.store.migrate import migrate
+from lib.store.wakeups import Listener
 
 
 def _app(db, **health):

@@ -29,9 +29,9 @@ from queues.schedule import SCHEDULE
 gevent.spawn_later(3, os.kill, os.getpid(), signal.SIGTERM)
 code = worker.main(registry, [], schedule=SCHEDULE)  # as `python worker.py`
 heavy = (
-    "sentry_sdk", "requests", "urllib3", "jinja2", "tqdm", "lib.admin", "lib.commands",
-    "lib.embedded", "pythonjsonlogger", "lib.registry_check", "pglast", "psutil", "gevent.threadpool", "uuid",
-    "argparse", "lib.cli",
+    "sentry_sdk", "requests", "urllib3", "jinja2", "tqdm", "lib.http.admin", "lib.operate.commands",
+    "lib.setup.embedded", "pythonjsonlogger", "lib.operate.registry_check", "pglast", "psutil", "gevent.threadpool", "uuid",
+    "argparse", "lib.operate.cli",
 )
 print("loaded:", sorted(name for name in heavy if name in sys.modules))
 sys.exit(code)
@@ -67,11 +67,14 @@ def test_a_worker_that_serves_no_metrics_keeps_no_prometheus_client(db, database
     script = RUN_THEN_LIST.replace(
         "gevent.spawn_later(3,",
         "from lib.insert import insert\n"
-        "from lib.db import DB\n"
+        "from lib.store.db import DB\n"
         "pool = DB(os.environ['DATABASE_URL'], size=1)\n"
         "insert(pool, 'caches', 'caches.Age')\n"
         "gevent.spawn_later(3,",
-    ).replace('"argparse", "lib.cli",', '"argparse", "lib.cli", "prometheus_client", "lib.metrics", "lib.httpd",')
+    ).replace(
+        '"argparse", "lib.operate.cli",',
+        '"argparse", "lib.operate.cli", "prometheus_client", "lib.http.metrics", "lib.http.httpd",',
+    )
     env = {"DATABASE_URL": database_url, "JOBS_HTTP_ADDR": "off", "SENTRY_DSN": "", "LOG_FORMAT": "text"}
     done = run_python(script, env=env)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -8,8 +8,8 @@ import pytest
 from tests_support import count_jobs, run_python
 
 from lib.insert import MAX_ARGS_BYTES, InvalidJob, Job, insert, insert_many
-from lib.poller import Poller
-from lib.sql import Q
+from lib.run.poller import Poller
+from lib.store.sql import Q
 
 
 def test_rolled_back_transaction_leaves_no_job(db, database_url):

@@ -8,10 +8,10 @@ import gevent
 from gevent.event import Event
 from tests_support import wait_for
 
-from lib import workers
+from lib.background import worker_registry
+from lib.background.leases import Leases, new_worker_id
 from lib.insert import insert
-from lib.leases import Leases, new_worker_id
-from lib.poller import Poller
+from lib.run.poller import Poller
 
 
 def test_a_worker_id_is_made_per_start_not_per_import(db):
@@ -116,7 +116,7 @@ def test_the_rescue_and_the_registry_refresh_commit_as_one_transaction(db):
     Poller("q", db, {"q.N": lambda job: "ok"}).claim()
     db.exec("UPDATE jobs SET lease_until = now() - interval '1 second'")
     leases = Leases(db)
-    leases.seen = workers.register(db, leases.worker_id, ["q"], leases.lease)
+    leases.seen = worker_registry.register(db, leases.worker_id, ["q"], leases.lease)
     assert [r[0] for r in leases.rescue()] == [lost]
     [(job_xmin,)] = db.query("SELECT xmin::text FROM jobs WHERE id = %s", (lost,))
     [(worker_xmin,)] = db.query("SELECT xmin::text FROM workers WHERE id = %s", (leases.worker_id,))
@@ -126,7 +126,7 @@ def test_the_rescue_and_the_registry_refresh_commit_as_one_transaction(db):
 def test_an_idle_lease_keeper_sends_one_rescue_a_lease(db):
     leases = Leases(db, lease=1.0)
     rescues = []
-    refresh = workers.register(db, leases.worker_id, ["q"], leases.lease)
+    refresh = worker_registry.register(db, leases.worker_id, ["q"], leases.lease)
     leases.seen = lambda runner: rescues.append(time.monotonic()) or refresh(runner)
     stop = Event()
     keeper = gevent.spawn(leases.run_rescue, stop)

@@ -9,9 +9,9 @@ import sys
 
 from tests_support import ROOT, wait_for
 
-from lib import logs
 from lib.insert import insert
-from lib.settings import Settings
+from lib.setup import logs
+from lib.setup.settings import Settings
 
 
 def test_the_json_formatter_writes_one_object_per_event_whatever_the_message_holds():

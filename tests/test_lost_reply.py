@@ -9,10 +9,10 @@ from gevent.event import Event
 from proxy import Proxy
 from tests_support import wait_for
 
-import lib.poller
-from lib.db import DB
+import lib.run.poller
 from lib.insert import insert
-from lib.poller import Poller
+from lib.run.poller import Poller
+from lib.store.db import DB
 
 LONG_LEASE = 120.0  # a job left to its lease would sit this long
 
@@ -94,7 +94,7 @@ def test_a_claim_that_timed_out_on_a_row_lock_is_ended_not_orphaned(db, database
     session holds on the next row. The server would go on and commit that
     claim once the lock is released, for nobody; the worker ends that server
     process first, writes the outcome alone, and later claims the row itself."""
-    monkeypatch.setattr(lib.poller, "FINALIZE_TIMEOUT", 1.0)
+    monkeypatch.setattr(lib.run.poller, "FINALIZE_TIMEOUT", 1.0)
     ran = []
     poller = Poller("locked", db, {"locked.N": lambda job: ran.append(job.id) or "ok"})
     poller.lease = LONG_LEASE

@@ -15,16 +15,17 @@ from prometheus_client.parser import text_string_to_metric_families
 from proxy import Proxy
 from tests_support import wait_for
 
-from lib import metrics, stats
-from lib.db import DB, is_conn_failure
-from lib.httpd import Health, make_app
+from lib.background.leases import Leases
+from lib.greenlets.supervise import Supervisor
+from lib.http import metrics
+from lib.http.httpd import Health, make_app
 from lib.insert import insert
-from lib.leases import Leases
-from lib.poller import Poller, Snooze
-from lib.queue_state import pause
-from lib.sql import STATEMENTS, Q, statement
-from lib.supervise import Supervisor
-from lib.wakeups import Listener
+from lib.operate import overview
+from lib.operate.queue_state import pause
+from lib.run.poller import Poller, Snooze
+from lib.store.db import DB, is_conn_failure
+from lib.store.sql import STATEMENTS, Q, statement
+from lib.store.wakeups import Listener
 
 
 def scrape(base: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -70,7 +71,7 @@ def test_each_queue_gauge_matches_the_rows_written(db):
     _plant(db, "sms", "started", 2, worker_id="'w'", slot="i", lease_until="now()")
     pause(db, "sms", "vendor outage")
     pause(db, "old", "over", until=datetime.now(UTC) - timedelta(minutes=1))  # a pause that has ended
-    registry = metrics.registry(db, stats=stats.queue_stats, queues=["idle"])
+    registry = metrics.registry(db, stats=overview.queue_stats, queues=["idle"])
     with serving(make_app(Health(db), registry)) as base:
         got = scrape(base)
     assert value(got, "jobs_queue_stats_up") == 1
@@ -95,7 +96,7 @@ def test_the_queue_gauges_cost_one_query_per_scrape_and_are_kept_a_few_seconds(d
     _plant(db, "q", "pending", 1)
     recording = Recording(db)
     now = [1000.0]
-    collector = metrics.QueueCollector(recording, stats.queue_stats, ["q"], ttl=5.0, clock=lambda: now[0])
+    collector = metrics.QueueCollector(recording, overview.queue_stats, ["q"], ttl=5.0, clock=lambda: now[0])
     registry = metrics.registry()
     registry.register(collector)
     with serving(make_app(Health(db), registry)) as base:
@@ -115,7 +116,7 @@ def test_a_scrape_while_the_database_is_down_still_answers_with_the_process_metr
     proxy = Proxy(database_url)
     db = DB.connect(proxy.url, size=2, connect_timeout=2)
     try:
-        collector = metrics.QueueCollector(db, stats.queue_stats, ["q"], ttl=0, conn_failure=is_conn_failure)
+        collector = metrics.QueueCollector(db, overview.queue_stats, ["q"], ttl=0, conn_failure=is_conn_failure)
         registry = metrics.registry(db)
         registry.register(collector)
         with serving(make_app(Health(db), registry)) as base:
@@ -241,7 +242,7 @@ def test_the_scrape_query_stays_on_indexes_with_a_million_finished_rows(db, data
     db.exec("ANALYZE jobs")
     recording = Recording(db)
     registry = metrics.registry()
-    registry.register(metrics.QueueCollector(recording, stats.queue_stats, ["q1"]))
+    registry.register(metrics.QueueCollector(recording, overview.queue_stats, ["q1"]))
     with serving(make_app(Health(db), registry)) as base:
         assert value(scrape(base), "jobs_queue_pending", queue="q1") == 3
     assert len(recording.sent) == 1

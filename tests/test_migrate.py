@@ -2,10 +2,10 @@ from datetime import UTC, datetime
 
 import gevent
 
-from lib.db import DB
-from lib.leases import Leases
-from lib.migrate import migrate, migrations
-from lib.poller import Poller
+from lib.background.leases import Leases
+from lib.run.poller import Poller
+from lib.store.db import DB
+from lib.store.migrate import migrate, migrations
 
 # The original service's table and a few rows as it left them.
 ORIGINAL = """

@@ -18,11 +18,11 @@ import pytest
 from gevent import monkey
 from tests_support import wait_for, waiting_on
 
-from lib import status as st
-from lib.db import DB, Unsendable, deadline_connection
+from lib.background.leases import Leases
 from lib.insert import MAX_NAME_CHARS, InvalidJob, insert
-from lib.leases import Leases
-from lib.poller import Outcome, Poller
+from lib.job import status as st
+from lib.run.poller import Outcome, Poller
+from lib.store.db import DB, Unsendable, deadline_connection
 
 # A native thread, as the lease renewal's (threading's is a greenlet once patched).
 _start_thread = monkey.get_original("_thread", "start_new_thread")

@@ -5,10 +5,10 @@ from gevent.event import Event
 from proxy import Proxy
 from tests_support import count_jobs, read_until, start_worker, wait_for
 
-from lib.db import DB
-from lib.errors import Outage
 from lib.insert import insert
-from lib.poller import FINALIZING, Poller
+from lib.run.poller import FINALIZING, Poller
+from lib.setup.errors import Outage
+from lib.store.db import DB
 
 
 def _wait_for(predicate, timeout: float = 20.0) -> None:

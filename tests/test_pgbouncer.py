@@ -32,16 +32,16 @@ from programs import require
 from test_chaos import CHAOS_RUNS, analyse, assert_clean
 from tests_support import run_python, scratch_database, wait_for
 
-from lib.db import DB
 from lib.insert import Job, insert, insert_many
-from lib.migrate import migrate, migrations
+from lib.store.db import DB
+from lib.store.migrate import migrate, migrations
 
 require(BINARY, "pgbouncer")
 
 APP = Path(__file__).parent / "apps" / "chaos_worker.py"
 # Settings of the suite's own environment that must not reach a worker here.
 OUTER = ("DATABASE_URL", "DATABASE_DIRECT_URL", "JOBS_POOLER", "JOBS_POLL_INTERVAL", "SENTRY_DSN")
-# What a worker says at start when it has no way to LISTEN (lib/settings).
+# What a worker says at start when it has no way to LISTEN (lib/setup/settings).
 NO_DIRECT = "no DATABASE_DIRECT_URL"
 # Generous: two shared cores, and a worker process that starts under load.
 MARGIN = 2.0

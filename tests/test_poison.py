@@ -12,8 +12,8 @@ import psycopg2
 import pytest
 from tests_support import ROOT, wait_for
 
-from lib.db import DB
-from lib.migrate import migrate, migrations
+from lib.store.db import DB
+from lib.store.migrate import migrate, migrations
 
 POISON_WORKER = ROOT / "tests" / "apps" / "poison_worker.py"
 

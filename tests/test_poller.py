@@ -11,12 +11,12 @@ import pytest
 from gevent.event import Event
 from tests_support import Gate, count_jobs, poll_until, wait_for, waiting_on
 
-from lib import status as st
-from lib.args import ArgsError, unmarshal_args
-from lib.db import DB
+from lib.background.leases import Leases
 from lib.insert import insert
-from lib.leases import Leases
-from lib.poller import Poller
+from lib.job import status as st
+from lib.job.args import ArgsError, unmarshal_args
+from lib.run.poller import Poller
+from lib.store.db import DB
 
 # The advisory lock a test's trigger waits on. Advisory locks belong to one
 # database, and each run of the suite has its own.

@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from lib.clock import Scheduled, every
-from lib.db import DB
-from lib.poller import Poller
-from lib.registry_check import Writer, check, main
+from lib.background.clock import Scheduled, every
+from lib.operate.registry_check import Writer, check, main
+from lib.run.poller import Poller
+from lib.store.db import DB
 from queues import REGISTRY
 from queues.schedule import SCHEDULE
 

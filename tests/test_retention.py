@@ -4,11 +4,11 @@ import gevent
 import psycopg2
 from tests_support import count_jobs
 
-from lib.db import DB
 from lib.insert import insert
-from lib.poller import Poller
-from lib.settings import Settings
-from lib.sql import Q, statement
+from lib.run.poller import Poller
+from lib.setup.settings import Settings
+from lib.store.db import DB
+from lib.store.sql import Q, statement
 from queues import caches, maintenance, registry
 
 

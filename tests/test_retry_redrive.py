@@ -5,12 +5,12 @@ import psycopg2
 import pytest
 from tests_support import wait_for
 
-from lib.db import DB
+from lib.greenlets.backoff import CAP_SECONDS, Backoff, backoff
 from lib.insert import insert
-from lib.poller import Poller
-from lib.redrive import redrive
-from lib.retry import CAP_SECONDS, Backoff, backoff
-from lib.sql import Q
+from lib.operate.redrive import redrive
+from lib.run.poller import Poller
+from lib.store.db import DB
+from lib.store.sql import Q
 
 
 def test_backoff_grows_then_caps_with_jitter_in_the_upper_half():

@@ -28,9 +28,9 @@ import psycopg2
 import pytest
 from tests_support import ROOT, wait_for
 
-from lib.db import DB
 from lib.insert import Job, insert, insert_many
-from lib.sql import Q
+from lib.store.db import DB
+from lib.store.sql import Q
 
 APP = ROOT / "tests" / "apps" / "many_queues_worker.py"
 LEASE = 3.0

@@ -1,4 +1,4 @@
-"""One Settings object: lib/settings.py reads every variable, the README's
+"""One Settings object: lib/setup/settings.py reads every variable, the README's
 table lists exactly those, no other module of lib/ or queues/ reads the
 environment, and every secret stays out of the settings' repr."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from lib.clients import AnthropicClient, ApolloClient, GitHubClient, SlackClient
-from lib.redact import REDACTED
-from lib.settings import ENV, SettingError, Settings
+from lib.setup.redact import REDACTED
+from lib.setup.settings import ENV, SettingError, Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 CLIENTS = [GitHubClient, SlackClient, AnthropicClient, ApolloClient]
@@ -80,19 +80,19 @@ def _sources() -> list[Path]:
 def test_nothing_in_lib_or_queues_reads_the_environment_but_lib_settings():
     """The settings are read once, and passed down; a module reading a
     variable of its own would dodge the check at start (and the README's
-    table). lib/db.py's one exception reads libpq's own variables, commented."""
+    table). lib/store/db.py's one exception reads libpq's own variables, commented."""
     assert len(_sources()) > 20, "the scan found too few modules to be looking in the right place"
     found = []
     for path in _sources():
         name = path.relative_to(ROOT).as_posix()
-        if name == "lib/settings.py":
+        if name == "lib/setup/settings.py":
             continue
         lines = path.read_text().splitlines()
         for number, line in enumerate(lines, 1):
             if not ENVIRON.search(line):
                 continue
             allowed = (
-                name == "lib/db.py"
+                name == "lib/store/db.py"
                 and line.strip() == "return os.environ.get(name)"
                 and "libpq's own variables, not ours" in lines[number - 2]
             )

@@ -12,7 +12,7 @@ from sentry_server import SentryServer
 from tests_support import ROOT, wait_for
 
 from lib.insert import insert
-from lib.settings import SettingError, Settings, check_dsn, dsn_password, masked_dsn
+from lib.setup.settings import SettingError, Settings, check_dsn, dsn_password, masked_dsn
 
 SECRET = "SEKRET-pw-4711"
 
@@ -177,7 +177,7 @@ def test_a_name_read_from_a_row_cannot_forge_a_log_line(db, database_url, tmp_pa
 def test_a_fault_quoting_the_database_password_is_stored_without_it(db, settings_of):
     """A handler's error that quotes a configured secret (the password, in a
     DSN it printed) is stored in the row, status and traceback, masked."""
-    from lib.poller import Poller
+    from lib.run.poller import Poller
 
     password = "SEKRET-in-a-message-31"
     settings_of({"DATABASE_URL": f"postgresql://u:{password}@db.example/jobs"})
@@ -233,7 +233,7 @@ def test_a_real_worker_masks_the_secrets_of_its_settings(db, database_url, tmp_p
 def test_a_log_line_and_its_traceback_are_masked_of_the_secrets(fmt):
     import logging
 
-    from lib import logs
+    from lib.setup import logs
 
     try:
         raise RuntimeError(f"could not reach postgresql://u:{SECRET}@db/jobs")
@@ -245,7 +245,7 @@ def test_a_log_line_and_its_traceback_are_masked_of_the_secrets(fmt):
 
 
 def test_lib_connect_refuses_a_malformed_database_url_without_showing_its_password(monkeypatch):
-    from lib.connect import connect
+    from lib.setup.connect import connect
 
     monkeypatch.setenv("DATABASE_URL", f"postgresql://postgres:ab%zz{SECRET}@127.0.0.1:5432/postgres")
     with pytest.raises(SettingError) as refused:

@@ -1,8 +1,8 @@
 import psycopg2
 import pytest
 
-from lib.db import DB
-from lib.sql import STATEMENTS, Named, Q, parse, statement
+from lib.store.db import DB
+from lib.store.sql import STATEMENTS, Named, Q, parse, statement
 
 
 def test_every_named_query_prepares(database_url):

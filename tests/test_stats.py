@@ -1,13 +1,13 @@
-"""lib.stats: what the status command and /metrics read, on planted rows."""
+"""lib.operate.overview: what the status command and /metrics read, on planted rows."""
 
 from datetime import UTC, datetime, timedelta
 
 import psycopg2
 
-from lib import stats
 from lib.insert import insert
-from lib.queue_state import pause
-from lib.sql import Q, statement
+from lib.operate import overview
+from lib.operate.queue_state import pause
+from lib.store.sql import Q, statement
 
 
 def _plant(db, queue: str, status: str, **cols) -> int:
@@ -36,7 +36,7 @@ def test_queue_stats_counts_each_part_of_a_queue(db):
         ]
     ):
         _plant(db, "a", st, finished_at=f"now() - interval '{ago}'", n=10 + n)
-    [a] = stats.queue_stats(db)
+    [a] = overview.queue_stats(db)
     assert (a.queue, a.pending, a.due, a.delayed, a.running, a.retrying) == ("a", 3, 2, 1, 1, 2)
     assert 89 < a.oldest_due_age_s < 120
     # A status outside the vocabulary ("weird", written by hand) counts as err.
@@ -45,16 +45,16 @@ def test_queue_stats_counts_each_part_of_a_queue(db):
 
 
 def test_queue_stats_lists_named_and_paused_queues_with_zeros(db):
-    assert stats.queue_stats(db) == []
+    assert overview.queue_stats(db) == []
     zero = {"ok": 0, "fail": 0, "skip": 0, "err": 0}
     until = datetime.now(UTC) + timedelta(minutes=5)
     pause(db, "p", "vendor incident", until)
     pause(db, "forever", "by hand")
     pause(db, "over", "ended already", datetime.now(UTC) - timedelta(minutes=1))
     db.exec("INSERT INTO job_queues (queue, next_claim_at) VALUES ('t', now() + interval '30 seconds')")
-    got = {s.queue: s for s in stats.queue_stats(db, ["named", "p"])}
+    got = {s.queue: s for s in overview.queue_stats(db, ["named", "p"])}
     assert list(got) == ["forever", "named", "over", "p", "t"]
-    assert got["named"] == stats.QueueStats("named", 0, 0, 0, 0, None, zero, 0, None, None, None)
+    assert got["named"] == overview.QueueStats("named", 0, 0, 0, 0, None, zero, 0, None, None, None)
     assert (got["p"].paused_until, got["p"].pause_reason) == (until, "vendor incident")
     assert got["forever"].paused_until == datetime.max.replace(tzinfo=UTC)
     assert (got["over"].paused_until, got["over"].pause_reason) == (None, None)  # a pause that ended is not shown
@@ -64,7 +64,7 @@ def test_queue_stats_lists_named_and_paused_queues_with_zeros(db):
 def test_a_queue_with_only_delayed_rows_has_no_due_age_and_a_past_throttle_is_not_shown(db):
     _plant(db, "later", "pending", run_at="now() + interval '1 hour'")
     db.exec("INSERT INTO job_queues (queue, next_claim_at) VALUES ('later', now() - interval '1 second')")
-    [later] = stats.queue_stats(db)
+    [later] = overview.queue_stats(db)
     assert (later.pending, later.due, later.delayed, later.oldest_due_age_s) == (1, 0, 1, None)
     assert later.throttled_until is None
 
@@ -100,5 +100,5 @@ def test_queue_stats_stays_on_indexes_with_a_million_finished_rows(db, database_
     assert "jobs_finished" in plan, plan
     # The whole query touches a few pages, not the million rows' thousands.
     assert int(plan.split("Buffers: shared hit=")[1].split()[0].split(",")[0]) < 200, plan
-    [q1] = [s for s in stats.queue_stats(db) if s.queue == "q1"]
+    [q1] = [s for s in overview.queue_stats(db) if s.queue == "q1"]
     assert (q1.pending, q1.done_1h["ok"]) == (1, 1)

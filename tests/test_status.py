@@ -1,7 +1,7 @@
 import pytest
 
-from lib import status as st
-from lib.sql import Q
+from lib.job import status as st
+from lib.store.sql import Q
 
 
 def test_builders_and_reader_agree():
@@ -31,7 +31,7 @@ def test_every_status_the_sql_writes_parses():
     # The literal statuses in the named queries and migrations must be in the vocabulary.
     import re
 
-    from lib.sql import SQL_DIR
+    from lib.store.sql import SQL_DIR
 
     texts = [*(getattr(Q, n) for n in Q.names()), *(p.read_text() for p in (SQL_DIR / "migrations").glob("*.sql"))]
     literals = set()
@@ -52,10 +52,10 @@ def test_every_status_the_code_writes_parses(db):
     import gevent
     from gevent.event import Event
 
+    from lib.background.leases import Leases
     from lib.insert import insert
-    from lib.leases import Leases
-    from lib.poller import Poller, Snooze
-    from lib.redrive import redrive
+    from lib.operate.redrive import redrive
+    from lib.run.poller import Poller, Snooze
 
     hanging = Event()
 

@@ -2,7 +2,7 @@
 (migration 014) answers a batch of that one ask: the same rows written, the
 same job claimed, the same wait, in every case a claim or an outcome can meet.
 
-Each case is set up once; then each function runs it, as lib.commit sends it,
+Each case is set up once; then each function runs it, as lib.store.group_commit sends it,
 in a transaction of its own that is rolled back, from the same state. Another
 connection holds what another process would hold (a row, the queue's turn)."""
 
@@ -14,10 +14,10 @@ from typing import Any
 import psycopg2
 import pytest
 
-from lib.commit import Ask, batch_step, lone_step
-from lib.db import DB
 from lib.insert import insert
-from lib.queue_state import pause
+from lib.operate.queue_state import pause
+from lib.store.db import DB
+from lib.store.group_commit import Ask, batch_step, lone_step
 
 Pair = tuple[dict[str, Any] | None, dict[str, Any] | None]  # (outcome, claim)
 # jobs_step_one's floats come from now() of its own transaction: a wait or a

@@ -9,10 +9,10 @@ from gevent.event import Event
 from tests_support import wait_for
 
 import worker
-from lib.clock import Scheduled, every
+from lib.background.clock import Scheduled, every
+from lib.greenlets.supervise import Supervisor
 from lib.insert import insert
-from lib.poller import Poller
-from lib.supervise import Supervisor
+from lib.run.poller import Poller
 
 
 class Custom(BaseException):

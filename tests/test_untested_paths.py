@@ -13,12 +13,12 @@ import pytest
 from gevent.event import Event
 from tests_support import Gate, count_jobs, wait_for, waiting_on
 
-from lib import status as st
-from lib.clock import Clock, Scheduled
-from lib.db import DB, PoolTimeout
+from lib.background.clock import Clock, Scheduled
 from lib.insert import insert
-from lib.poller import Poller
-from lib.sql import Q
+from lib.job import status as st
+from lib.run.poller import Poller
+from lib.store.db import DB, PoolTimeout
+from lib.store.sql import Q
 
 # The advisory lock a test's trigger waits on. Advisory locks belong to one
 # database, and each run of the suite has its own.

@@ -15,9 +15,10 @@ import psycopg2
 import pytest
 from tests_support import ROOT, wait_for
 
-from lib import status, workers
+from lib.background import worker_registry
 from lib.insert import insert
-from lib.poller import Poller
+from lib.job import status
+from lib.run.poller import Poller
 
 RELEASE_WORKER = ROOT / "tests" / "apps" / "release_worker.py"
 LEFT_LINE = "job=up.New is left to the workers that handle it"
@@ -127,7 +128,7 @@ def older_poller(db) -> Poller:
 
 
 def test_a_job_a_live_worker_handles_is_given_back_uncounted_and_ended_once_none_does(db):
-    workers.register(db, "newer", ["up"], 30.0, [("up", ["up.Old", "up.New"])])
+    worker_registry.register(db, "newer", ["up"], 30.0, [("up", ["up.Old", "up.New"])])
     job_id = insert(db, "up", "up.New", {})
     poller = older_poller(db)
     assert poller.work_once() == "pending"
@@ -144,7 +145,7 @@ def test_a_job_a_live_worker_handles_is_given_back_uncounted_and_ended_once_none
 
 
 def test_a_job_whose_handlers_cannot_be_learnt_ends_as_an_unknown_job(db):
-    workers.register(db, "newer", ["up"], 30.0, [("up", ["up.New"])])
+    worker_registry.register(db, "newer", ["up"], 30.0, [("up", ["up.New"])])
     insert(db, "up", "up.New", {})
     db.exec("ALTER TABLE workers RENAME COLUMN handles TO handles_away")
     try:

@@ -7,8 +7,8 @@ from gevent.event import Event
 from tests_support import run_python
 
 from lib.insert import insert
-from lib.poller import Poller
-from lib.wakeups import Listener
+from lib.run.poller import Poller
+from lib.store.wakeups import Listener
 
 
 class Recorder:
@@ -116,7 +116,7 @@ def test_a_finished_job_wakes_nobody_but_a_handover_does(db, listening):
 
 def test_a_retry_and_a_rescue_wake_the_queue(db, listening):
     _, recorder = listening
-    from lib.leases import Leases
+    from lib.background.leases import Leases
 
     def boom(job):
         raise RuntimeError("again")
@@ -165,8 +165,8 @@ def test_listener_recovers_after_a_database_restart():
     and routes new notifications."""
     from chaos_server import ChaosServer
 
-    from lib.db import DB
-    from lib.migrate import migrate
+    from lib.store.db import DB
+    from lib.store.migrate import migrate
 
     with ChaosServer() as server:
         url = server.database("listen")

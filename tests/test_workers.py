@@ -11,11 +11,12 @@ from gevent.event import Event
 from tests_support import wait_for
 
 import worker
-from lib import stats, workers
+from lib.background import worker_registry
+from lib.background.leases import Leases
 from lib.insert import insert
-from lib.leases import Leases
-from lib.poller import Poller
-from lib.settings import SettingError, Settings
+from lib.operate import overview
+from lib.run.poller import Poller
+from lib.setup.settings import SettingError, Settings
 from queues import maintenance
 
 
@@ -43,18 +44,18 @@ def _hold(db, worker_id: str, queue: str = "q") -> int:
 
 
 def test_a_registered_worker_is_listed_alive_with_its_queues(db):
-    workers.register(db, "w-1", ["b", "a"], 30.0)
+    worker_registry.register(db, "w-1", ["b", "a"], 30.0)
     host, pid, queues, started_at, last_seen, lease = _row(db, "w-1")
     assert (host, pid, queues, lease) == (socket.gethostname(), os.getpid(), ["a", "b"], 30.0)
-    [info] = stats.workers(db)
-    assert info == stats.WorkerInfo("w-1", host, pid, started_at, last_seen, ["a", "b"], True, 0)
+    [info] = overview.workers(db)
+    assert info == overview.WorkerInfo("w-1", host, pid, started_at, last_seen, ["a", "b"], True, 0)
     # Three of its own lease periods unseen, it is dead; with nothing held, no longer listed.
-    assert stats.workers(db, now=last_seen + timedelta(seconds=89)) != []
-    assert stats.workers(db, now=last_seen + timedelta(seconds=91)) == []
+    assert overview.workers(db, now=last_seen + timedelta(seconds=89)) != []
+    assert overview.workers(db, now=last_seen + timedelta(seconds=91)) == []
 
 
 def test_the_refresh_moves_last_seen_and_writes_a_forgotten_row_again(db):
-    refresh = workers.register(db, "w-1", ["a"], 30.0)
+    refresh = worker_registry.register(db, "w-1", ["a"], 30.0)
     started_at = _row(db, "w-1")[3]
     db.exec("UPDATE workers SET last_seen = now() - interval '1 hour'")
     refresh()
@@ -66,19 +67,19 @@ def test_the_refresh_moves_last_seen_and_writes_a_forgotten_row_again(db):
 
 def test_the_lease_keeper_refreshes_last_seen_on_its_period(db):
     leases = Leases(db, lease=0.6)
-    leases.seen = workers.register(db, leases.worker_id, ["a"], leases.lease)
+    leases.seen = worker_registry.register(db, leases.worker_id, ["a"], leases.lease)
     db.exec("UPDATE workers SET last_seen = now() - interval '1 hour'")
     stop = Event()
     keeper = gevent.spawn(leases.run_rescue, stop)
     try:
-        wait_for(lambda: stats.workers(db) != [], 5)
+        wait_for(lambda: overview.workers(db) != [], 5)
     finally:
         stop.set()
         keeper.get(timeout=5)
 
 
 def test_a_dead_worker_holding_rows_is_listed_dead_and_a_live_one_with_its_count(db):
-    workers.register(db, "live", ["q"], 30.0)
+    worker_registry.register(db, "live", ["q"], 30.0)
     _hold(db, "live")
     _plant(db, "dead-holding", "10 minutes")
     _hold(db, "dead-holding", "q2")
@@ -86,7 +87,7 @@ def test_a_dead_worker_holding_rows_is_listed_dead_and_a_live_one_with_its_count
     _plant(db, "dead-idle", "10 minutes")
     # A long lease refreshes seldom: ten minutes unseen is still alive with a 300 s lease.
     _plant(db, "slow", "10 minutes", lease=300.0)
-    got = {w.id: (w.alive, w.holding) for w in stats.workers(db)}
+    got = {w.id: (w.alive, w.holding) for w in overview.workers(db)}
     assert got == {"live": (True, 1), "dead-holding": (False, 2), "slow": (True, 0)}
 
 
@@ -100,11 +101,11 @@ def test_the_worker_registers_at_start_and_leaves_when_it_stops(db):
         stop=stop,
     )
     try:
-        wait_for(lambda: stats.workers(db) != [], 10)
-        [info] = stats.workers(db)
+        wait_for(lambda: overview.workers(db) != [], 10)
+        [info] = overview.workers(db)
         assert (info.queues, info.alive, info.pid) == (["q"], True, os.getpid())
         db.exec("UPDATE workers SET last_seen = now() - interval '1 hour'")
-        wait_for(lambda: stats.workers(db) != [], 5)  # refreshed by its lease keeper, at least once a lease (3 s)
+        wait_for(lambda: overview.workers(db) != [], 5)  # refreshed by its lease keeper, at least once a lease (3 s)
     finally:
         stop.set()
         assert run.get(timeout=30) == 0
@@ -112,7 +113,7 @@ def test_the_worker_registers_at_start_and_leaves_when_it_stops(db):
 
 
 def test_the_daily_clean_up_forgets_workers_unseen_for_a_day(db):
-    workers.register(db, "live", ["q"], 30.0)
+    worker_registry.register(db, "live", ["q"], 30.0)
     _plant(db, "yesterday", "23 hours")
     _plant(db, "gone", "25 hours")
     _plant(db, "gone-holding", "25 hours")
@@ -133,7 +134,7 @@ def test_jobs_queues_runs_only_the_queues_it_names(db, caplog):
     run = gevent.spawn(worker.run, db, registry, Settings(http_addr=None, queues=frozenset({"a"})), stop=stop)
     try:
         wait_for(lambda: db.query_row("SELECT status FROM jobs WHERE queue = 'a'") == ("ok",), 10)
-        [info] = stats.workers(db)
+        [info] = overview.workers(db)
         assert info.queues == ["a"]
     finally:
         stop.set()
@@ -148,13 +149,13 @@ def test_jobs_queues_naming_an_unregistered_queue_is_refused(db):
 
 
 def test_a_worker_registers_the_names_it_handles_and_counts_for_them_while_alive(db):
-    workers.register(db, "w-1", ["a", "b"], 30.0, [("a", ["a.X"]), ("b", ["b.Y"]), ("a", ["a.Z"])])
+    worker_registry.register(db, "w-1", ["a", "b"], 30.0, [("a", ["a.X"]), ("b", ["b.Y"]), ("a", ["a.Z"])])
     assert db.query_row("SELECT handles FROM workers WHERE id = 'w-1'") == ({"a": ["a.X", "a.Z"], "b": ["b.Y"]},)
-    assert workers.handled_elsewhere(db, "a", "a.Z")
-    assert not workers.handled_elsewhere(db, "a", "b.Y")
-    assert not workers.handled_elsewhere(db, "c", "a.X")
+    assert worker_registry.handled_elsewhere(db, "a", "a.Z")
+    assert not worker_registry.handled_elsewhere(db, "a", "b.Y")
+    assert not worker_registry.handled_elsewhere(db, "c", "a.X")
     # As the status command reads alive: within three of the worker's own leases.
     db.exec("UPDATE workers SET last_seen = now() - interval '89 seconds'")
-    assert workers.handled_elsewhere(db, "a", "a.Z")
+    assert worker_registry.handled_elsewhere(db, "a", "a.Z")
     db.exec("UPDATE workers SET last_seen = now() - interval '91 seconds'")
-    assert not workers.handled_elsewhere(db, "a", "a.Z")
+    assert not worker_registry.handled_elsewhere(db, "a", "a.Z")

@@ -15,8 +15,8 @@ import gevent
 import psycopg2
 from gevent.event import Event
 
-from lib.db import DB
-from lib.sql import Q
+from lib.store.db import DB
+from lib.store.sql import Q
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -29,8 +29,8 @@ import psycopg2  # noqa: E402
 import psycopg2.extensions  # noqa: E402
 
 import worker  # noqa: E402
-from lib.db import DB  # noqa: E402
-from lib.poller import PendingJob, Poller  # noqa: E402
+from lib.run.poller import PendingJob, Poller  # noqa: E402
+from lib.store.db import DB  # noqa: E402
 from queues.schedule import SCHEDULE  # noqa: E402
 
 # (time.time(), application_name, kind, whether it ended a server transaction)
@@ -97,7 +97,7 @@ def _noting_connect(connect: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-# lib.db and lib.wakeups call psycopg2.connect by attribute at each connect.
+# lib.store.db and lib.store.wakeups call psycopg2.connect by attribute at each connect.
 psycopg2.connect = _noting_connect(psycopg2.connect)
 
 

@@ -37,7 +37,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import unquote, urljoin, urlsplit
 
-from lib.redact import carries, scrub
+from lib.setup.redact import carries, scrub
 
 if TYPE_CHECKING:
     # Imported when a client is built: a worker whose API queues are off
@@ -85,7 +85,7 @@ class APIError(Exception):
 
 
 class Outcome(StrEnum):
-    """What a queue does about an API's answer (lib/api_queue.py)."""
+    """What a queue does about an API's answer (lib/run/api_queue.py)."""
 
     RATE_LIMIT = "rate_limit"  # snooze the job until the limit resets
     BAD_TOKEN = "bad_token"  # pause the queue for an hour, one report
@@ -139,7 +139,7 @@ class AuthError(APIError):
 class RateLimitError(APIError):
     """Rate limited; ``reset_at`` is when to try again (UTC), if the API
     said. A limit met again and again is waited out longer each time, and
-    given up on (lib/api_queue.py, RATE_LIMIT_BUDGET)."""
+    given up on (lib/run/api_queue.py, RATE_LIMIT_BUDGET)."""
 
 
 class ServerError(APIError):
@@ -338,7 +338,7 @@ def extract_message(body: Any, text: str) -> str:
 
 class APIClient:
     """Base for one API: credential and base URL from arguments (the worker's
-    settings, lib/settings.py, through queues.registry), one Session, typed errors.
+    settings, lib/setup/settings.py, through queues.registry), one Session, typed errors.
 
     Subclasses set TOKEN_ENV, BASE_URL and BASE_URL_ENV, add their headers in
     ``_headers`` and map their API's error signals in ``_classify``.

@@ -6,14 +6,14 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from lib import status
-from lib.api_queue import make_api_worker, throttle_for
-from lib.args import unmarshal_args
 from lib.clients import AnthropicClient
 from lib.clients.anthropic import READ_TIMEOUT
-from lib.db import DB
-from lib.poller import PendingJob, Poller
-from lib.sql import Q
+from lib.job import status
+from lib.job.args import unmarshal_args
+from lib.run.api_queue import make_api_worker, throttle_for
+from lib.run.poller import PendingJob, Poller
+from lib.store.db import DB
+from lib.store.sql import Q
 
 # The Poller's own default, which a job_timeout option replaces.
 DEFAULT_JOB_TIMEOUT = 600.0
@@ -75,7 +75,7 @@ def make_worker(db: DB, client: AnthropicClient | None = None, **options: Any) -
     ===============================  ==========  ===============================
 
     A limit met again waits at least twice as long as the last time; a job
-    limited after 30 minutes of such waits ends, err (lib.api_queue).
+    limited after 30 minutes of such waits ends, err (lib.run.api_queue).
     Timeouts: 5 s to connect; a read waits as long as a long generation
     takes, up to the SDK's 600 s, and never past the job's timeout.
     """

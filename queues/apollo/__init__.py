@@ -10,10 +10,10 @@ What each HTTP status does to a job (lib.clients.apollo.OUTCOMES):
 A rate limit snoozes the job until the reset (retry-after, else the longest
 exhausted window: x-minute-, x-hourly-, x-24-hour-requests-left), longer
 each time it repeats, until 30 minutes in a row end it
-(lib.api_queue.RATE_LIMIT_BUDGET); an unusable
+(lib.run.api_queue.RATE_LIMIT_BUDGET); an unusable
 key pauses the queue for an hour with one report; bad input ends the job
 ``fail:``; a transient status comes back with backoff, counted
-(lib.api_queue.TRANSIENT_ATTEMPTS); any other status is a fault: err,
+(lib.run.api_queue.TRANSIENT_ATTEMPTS); any other status is a fault: err,
 reported.
 
 An enrichment can spend a credit, so a request is sent again only when it
@@ -30,14 +30,14 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from lib import status
-from lib.api_queue import make_api_worker, throttle_for
-from lib.args import unmarshal_args
 from lib.clients import ApolloClient
 from lib.clients.base import BadInputError, NotFoundError
-from lib.db import DB
-from lib.poller import PendingJob, Poller
-from lib.sql import Q
+from lib.job import status
+from lib.job.args import unmarshal_args
+from lib.run.api_queue import make_api_worker, throttle_for
+from lib.run.poller import PendingJob, Poller
+from lib.store.db import DB
+from lib.store.sql import Q
 
 # The original service's target; Apollo's plans allow more per minute, and a
 # 429 still backs off to the reset.

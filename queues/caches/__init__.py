@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from lib import status
-from lib.db import DB
-from lib.poller import PendingJob, Poller
-from lib.sql import Q
+from lib.job import status
+from lib.run.poller import PendingJob, Poller
+from lib.store.db import DB
+from lib.store.sql import Q
 
 BATCH = 1000
 

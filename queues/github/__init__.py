@@ -6,14 +6,14 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from lib import status
-from lib.api_queue import make_api_worker, throttle_for
-from lib.args import unmarshal_args
 from lib.clients import GitHubClient
 from lib.clients.base import NotFoundError
-from lib.db import DB
-from lib.poller import PendingJob, Poller
-from lib.sql import Q
+from lib.job import status
+from lib.job.args import unmarshal_args
+from lib.run.api_queue import make_api_worker, throttle_for
+from lib.run.poller import PendingJob, Poller
+from lib.store.db import DB
+from lib.store.sql import Q
 
 # GitHub allows 5,000 requests an hour to an authenticated user: one job, one
 # request, so 83 a minute stays inside it.
@@ -70,7 +70,7 @@ def make_worker(db: DB, client: GitHubClient | None = None, **options: Any) -> P
     ==========================================  ==========  =====================
 
     A limit met again waits at least twice as long as the last time; a job
-    limited after 30 minutes of such waits ends, err (lib.api_queue).
+    limited after 30 minutes of such waits ends, err (lib.run.api_queue).
     Timeouts: 5 s to connect, 30 s to read.
     """
     handlers = {"github.FetchRepo": fetch_repo, "github.FetchUser": fetch_user}

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import logging
 
-from lib import status, workers
-from lib.db import DB
-from lib.poller import PendingJob, Poller
-from lib.settings import DEFAULT_RETENTION_DAYS
-from lib.sql import Q
+from lib.background import worker_registry
+from lib.job import status
+from lib.run.poller import PendingJob, Poller
+from lib.setup.settings import DEFAULT_RETENTION_DAYS
+from lib.store.db import DB
+from lib.store.sql import Q
 
 log = logging.getLogger("jobs.maintenance")
 
@@ -38,7 +39,7 @@ def clean_up_jobs(db: DB, days: int = DEFAULT_RETENTION_DAYS, batch: int = BATCH
 def clean_up(db: DB, days: int = DEFAULT_RETENTION_DAYS) -> str:
     """The daily clean-up: finished rows older than days, then workers unseen for a day."""
     done = clean_up_jobs(db, days)
-    forgotten = workers.forget_gone(db)
+    forgotten = worker_registry.forget_gone(db)
     if not forgotten:
         return done
     log.info("forgot %d workers unseen for a day", forgotten)

@@ -15,9 +15,9 @@ What each Slack error code does to a job (lib.clients.slack.OUTCOMES):
   invalid_post_type, missing_post_type, missing_charset, as_user_not_supported
 
 A rate limit snoozes the job, longer each time it repeats, until 30 minutes
-in a row end it (lib.api_queue.RATE_LIMIT_BUDGET); an unusable token pauses the queue for an hour
+in a row end it (lib.run.api_queue.RATE_LIMIT_BUDGET); an unusable token pauses the queue for an hour
 with one report; bad input ends the job ``fail: <code>``; a transient code
-comes back with backoff, counted (lib.api_queue.TRANSIENT_ATTEMPTS); a fault
+comes back with backoff, counted (lib.run.api_queue.TRANSIENT_ATTEMPTS); a fault
 (any code not listed too) is err, reported. An HTTP status that is not 200
 is classified by lib.clients.base.
 
@@ -39,14 +39,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from lib import status
-from lib.api_queue import make_api_worker, throttle_for
-from lib.args import unmarshal_args
 from lib.clients import SlackClient
 from lib.clients.base import BadInputError, OutcomeUnknown
-from lib.db import DB
-from lib.poller import PendingJob, Poller
-from lib.sql import Q
+from lib.job import status
+from lib.job.args import unmarshal_args
+from lib.run.api_queue import make_api_worker, throttle_for
+from lib.run.poller import PendingJob, Poller
+from lib.store.db import DB
+from lib.store.sql import Q
 
 # chat.postMessage allows about one message a second per channel.
 throttle = throttle_for(60)
@@ -73,7 +73,7 @@ def post_message(db: DB, client: SlackClient, job: PendingJob) -> str:
         db.exec(Q.slack_post_undo, {"job_id": job.id})
         return status.fail(exc.message)
     except Exception:
-        # An answer, or a failure the queue tells apart (lib.api_queue): one
+        # An answer, or a failure the queue tells apart (lib.run.api_queue): one
         # that may have posted ends the job final, so this run is its last.
         db.exec(Q.slack_post_undo, {"job_id": job.id})
         raise

@@ -1,6 +1,6 @@
 -- The claim and the outcome write as one function, jobs_step, so that one
 -- round trip can carry the outcomes and next claims of many queues
--- (lib/commit.py), and so that a claim reads its queue's state after it has
+-- (lib/store/group_commit.py), and so that a claim reads its queue's state after it has
 -- taken the queue's turn, not from a snapshot taken before another process's
 -- outcome committed. A lone claim or outcome is a batch of one (sql/jobs.sql:
 -- job_claim, job_finalize), so each rule is written once.

@@ -1,6 +1,6 @@
 -- jobs_step_one: jobs_step (014) for a batch of one ask, an outcome and/or
 -- one slot's claim, each field a plain value. It is what an idle or serial
--- worker sends on every job (lib/commit.py sends jobs_step only when asks
+-- worker sends on every job (lib/store/group_commit.py sends jobs_step only when asks
 -- of several slots are ready together), so it is written for that one case:
 -- a few small statements, each run only when the one before leaves the
 -- answer open, where jobs_step's claim statement, built to serve any number

@@ -2,7 +2,7 @@
 
 import os
 
-from lib.clock import Scheduled, daily, every
+from lib.background.clock import Scheduled, daily, every
 
 SETUP = os.environ.get("ELSEWHERE_SETUP", "ok")
 

@@ -22,10 +22,10 @@ from pathlib import Path  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import worker  # noqa: E402
-from lib import status  # noqa: E402
-from lib.args import unmarshal_args  # noqa: E402
-from lib.db import DB  # noqa: E402
-from lib.poller import PendingJob, Poller  # noqa: E402
+from lib.job import status  # noqa: E402
+from lib.job.args import unmarshal_args  # noqa: E402
+from lib.run.poller import PendingJob, Poller  # noqa: E402
+from lib.store.db import DB  # noqa: E402
 
 SETUP = os.environ.get("ELSEWHERE_SETUP", "ok")
 
@@ -47,8 +47,8 @@ def make_elsewhere(db: DB) -> Poller:
 
 if __name__ == "__main__":
     # Imported here, and only for a schedule: a bad entry raises as its
-    # module is imported, which the worker then reports (lib/setup_check.py).
-    from lib import setup_check
+    # module is imported, which the worker then reports (lib/operate/setup_check.py).
+    from lib.operate import setup_check
 
     schedule = setup_check.loader("elsewhere_schedule") if SETUP in ("duplicate", "every7") else ()
     sys.exit(worker.main([make_elsewhere], schedule=schedule))

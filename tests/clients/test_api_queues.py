@@ -15,13 +15,13 @@ from conftest import NOW, TOKEN
 from gevent.event import Event
 from tests_support import paused, read_until, wait_for
 
-from lib import status as st
 from lib.clients import AnthropicClient, ApolloClient, GitHubClient, SlackClient
-from lib.db import DB
 from lib.insert import insert
-from lib.poller import Poller
-from lib.queue_state import AUTH_PREFIX, pause
-from lib.settings import Settings
+from lib.job import status as st
+from lib.operate.queue_state import AUTH_PREFIX, pause
+from lib.run.poller import Poller
+from lib.setup.settings import Settings
+from lib.store.db import DB
 from queues import anthropic, apollo, github, registry, slack
 
 ROOT = Path(__file__).resolve().parents[2]

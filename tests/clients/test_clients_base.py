@@ -30,7 +30,7 @@ from lib.clients.base import (
     parse_retry_after,
     parse_rfc3339,
 )
-from lib.settings import ENV, Settings
+from lib.setup.settings import ENV, Settings
 
 # One representative call per client, with the path the fake API should see.
 CALLS: list[tuple[type[Any], Callable[[Any], Any], str]] = [
@@ -164,7 +164,7 @@ def test_base_url_argument_is_used_without_its_trailing_slash(fake_api: Any, tok
 
 
 def test_the_clients_never_read_the_environment(token: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The settings are read once, by lib/settings.py: a variable set later
+    """The settings are read once, by lib/setup/settings.py: a variable set later
     (or read by no one) gives a client neither a token nor a base URL."""
     for cls, _, _ in CALLS:
         monkeypatch.setenv(cls.TOKEN_ENV, token)

@@ -18,7 +18,7 @@ from gevent.event import Event
 
 from lib.clients import AnthropicClient, ApolloClient, GitHubClient, SlackClient
 from lib.insert import insert
-from lib.settings import ENV
+from lib.setup.settings import ENV
 from queues import anthropic, apollo, github, slack
 
 SECRET = "sekret-TOKEN-1234"

@@ -16,13 +16,13 @@ from conftest import NOW, TOKEN
 from gevent.event import Event
 from tests_support import paused
 
-from lib import status as st
 from lib.clients import ApolloClient, Outcome, SlackClient
 from lib.clients import slack as slack_client
 from lib.clients.base import OutcomeUnknown
 from lib.insert import insert
-from lib.poller import PendingJob
-from lib.queue_state import AUTH_PREFIX
+from lib.job import status as st
+from lib.operate.queue_state import AUTH_PREFIX
+from lib.run.poller import PendingJob
 from queues import apollo, slack
 
 POSTMESSAGE_DOC = "api.slack.com/methods/chat.postMessage, Errors table"

@@ -1,0 +1,331 @@
+"""Leases on started rows: this process renews the rows it runs, fences a job
+whose lease it could not renew in time, and takes back (rescues) rows whose
+worker stopped renewing them, wherever that worker was.
+
+The renewal runs in a native thread on a connection of its own, so a handler
+that holds the hub (a CPU loop, an unpatched blocking call) cannot let its own
+lease lapse and have the job run a second time elsewhere while it still runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import gevent
+import gevent.monkey
+import psycopg2
+from gevent.event import Event
+
+from lib.job import status as st
+from lib.setup import counters
+from lib.setup.errors import Outage, capture
+from lib.store.db import (
+    DB,
+    DeadlineConnection,
+    NoReply,
+    connect_options,
+    deadline_connection,
+    is_database_error,
+    is_server_error,
+)
+from lib.store.sql import Q
+
+log = logging.getLogger("jobs.leases")
+
+# How long a claim holds without renewal. A worker that dies leaves its rows
+# for at most this long (plus one rescue period: at most another lease)
+# before another takes them.
+LEASE_SECONDS = 30.0
+
+# Native sleep: the renewal thread must not touch the hub it stands in for.
+_thread_sleep = gevent.monkey.get_original("time", "sleep")
+_start_thread = gevent.monkey.get_original("_thread", "start_new_thread")
+
+
+def new_worker_id() -> str:
+    """One identity per worker start, written on each row it claims. Made when
+    the worker starts, not at import, so processes forked from one parent
+    never share one. The random part is os.urandom's, as uuid4's would be
+    (the uuid module is memory the worker would keep for these 8 digits)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{os.urandom(4).hex()}"
+
+
+class LeaseLost(BaseException):
+    """Thrown into a handler whose lease this worker could not renew in time:
+    another worker may be running the job now. A BaseException, so handler
+    code that catches Exception does not swallow it."""
+
+
+@dataclass
+class Held:
+    """A job this process runs. `good_until` is a monotonic time by which its
+    lease is known to hold; it errs early, never late."""
+
+    job_id: int
+    good_until: float
+    fence: Callable[[], None]
+    fenced: bool = False
+
+
+class Leases:
+    def __init__(
+        self,
+        db: DB,
+        *,
+        worker_id: str | None = None,
+        lease: float = LEASE_SECONDS,
+        legacy_age: float = 660.0,
+    ) -> None:
+        if not lease > 0:
+            raise ValueError(f"the lease must be a positive number of seconds, got {lease!r}")
+        self.db = db
+        self.worker_id = worker_id or new_worker_id()
+        self.lease = lease
+        # Rows claimed before leases existed carry none; they are taken once
+        # older than the longest job timeout plus a margin.
+        self.legacy_age = legacy_age
+        # A job is fenced this long before its lease would lapse: the reply
+        # that confirmed it may have taken this long to come back, and the
+        # handler must be stopped before another worker can rescue the row.
+        self.margin = min(1.0, lease / 10)
+        self.held: dict[int, Held] = {}
+        # Shared with the rest of the worker (the renewal thread included):
+        # an outage of the database is one report, whoever meets it.
+        self.outage = Outage("leases")
+        # Run inside each rescue's transaction, given it: the worker
+        # registry's refresh (lib/background/worker_registry.py), passed in so this module does
+        # not depend on it. One commit for both.
+        self.seen: Callable[[Any], None] = lambda runner: None
+        # How long a rescue or a renewal may wait for the server: well inside
+        # the margin a fence leaves, so a renewal that cannot get through is
+        # given up on and tried again while the lease still holds.
+        self.round_trip = max(lease / 6, 0.5)
+        # A rescue is off the fence's path: it may take longer, but never for ever.
+        self.rescue_deadline = max(lease / 3, 2.0)
+        # Rows no rescue statement can write, left out of every later one.
+        self._unrescuable: set[int] = set()
+
+    def hold(self, job_id: int, claimed_at: float, fence: Callable[[], None]) -> None:
+        """Note a job claimed at claimed_at (monotonic, when the claim's reply
+        came back); fence() stops its handler if the lease cannot be kept."""
+        self.held[job_id] = Held(job_id, claimed_at + self.lease - self.margin, fence)
+
+    def release(self, job_id: int) -> None:
+        """The job's outcome is written (or it was fenced): stop renewing it."""
+        self.held.pop(job_id, None)
+
+    def held_ids(self) -> list[int]:
+        # list() of a dict's keys runs without releasing the GIL, so the
+        # renewal thread reads a consistent snapshot.
+        return sorted(list(self.held))
+
+    def heartbeat(self, runner: Any = None) -> int:
+        """Renew the rows held now, through runner (the pool by default); the
+        number renewed. Only a row this worker still holds is renewed: one
+        rescued meanwhile stays with its rescuer."""
+        ids = self.held_ids()
+        if not ids:
+            return 0
+        sent = time.monotonic()
+        rows = (runner or self.db).query(
+            Q.job_heartbeat, {"lease": self.lease, "worker_id": self.worker_id, "ids": ids}
+        )
+        for (job_id,) in rows:
+            held = self.held.get(job_id)
+            if held is not None:
+                held.good_until = sent + self.lease - self.margin
+        return len(rows)
+
+    def fence_lapsed(self, now: float | None = None) -> list[int]:
+        """Stop every held job whose lease may lapse before it is renewed: its
+        handler is stopped and no outcome written, so the worker that rescues
+        it runs the only copy. The ids fenced."""
+        now = time.monotonic() if now is None else now
+        fenced = []
+        for held in list(self.held.values()):
+            if held.fenced or now < held.good_until:
+                continue
+            held.fenced = True
+            fenced.append(held.job_id)
+            log.error(
+                "id=%d lease could not be renewed in time; its handler is stopped, no outcome written", held.job_id
+            )
+            capture(LeaseLost(f"job {held.job_id}: lease not renewed"), message="lease lost", job_id=held.job_id)
+            held.fence()
+        return fenced
+
+    def rescue_period(self) -> float:
+        """How long from one rescue to the next. A third of a lease while this
+        worker holds jobs; a whole lease while it holds none, so an idle
+        worker sends one transaction a lease. Either way, a dead worker's rows
+        are taken back within two leases of their last renewal, and the
+        registry's last_seen (read as alive for three leases, lib/operate/overview.py)
+        moves on at least once a lease."""
+        return self.lease / 3 if self.held else self.lease
+
+    def rescue(self, legacy_age: float | None = None) -> list[tuple[int, str, str, str]]:
+        """Take back started rows whose lease ran out, never one this worker
+        still holds (it is running or finalizing it) nor one another
+        transaction holds. In the same transaction: seen(), and a wakeup for
+        each queue a row came back to. When the statement for all of them
+        fails on one row, each is taken alone, so one bad row never stops the
+        rescue of the others. Bounded by rescue_deadline: a rescue that gets
+        no answer gives up and is tried again at the next period."""
+        age = self.legacy_age if legacy_age is None else legacy_age
+        params = {
+            "legacy_age": age,
+            "worker_id": self.worker_id,
+            "held": self.held_ids(),
+            "skip": sorted(self._unrescuable),
+            "only": None,
+        }
+        with gevent.Timeout(self.rescue_deadline):
+            try:
+                rows = self._rescue(params, seen=True)
+            except Exception as exc:
+                if not is_server_error(exc):
+                    raise
+                rows = self._rescue_each(params, exc)
+        for job_id, queue, name, status in rows:
+            log.warning("queue=%s job=%s id=%d rescued from a lost worker: %s", queue, name, job_id, status)
+            counters.rescued(queue)
+        return [(r[0], r[1], r[2], r[3]) for r in rows]
+
+    def _rescue(self, params: dict[str, Any], *, seen: bool) -> list[Any]:
+        with self.db.transaction() as tx:
+            # A table lock queued ahead (a schema change waiting on an open
+            # transaction) is given up on in time, not waited out.
+            tx.exec(f"SET LOCAL lock_timeout = {int(self.rescue_deadline * 500)}")
+            if seen:
+                self.seen(tx)
+            rows = tx.query(Q.job_rescue, params)
+            for queue in sorted({r[1] for r in rows}):
+                # The lost worker held the queue's slot; whoever runs the queue may go on.
+                tx.exec(Q.queue_notify, {"queue": queue})
+        return rows
+
+    def _rescue_each(self, params: dict[str, Any], failed: BaseException) -> list[Any]:
+        """Each row alone, after the statement for all failed on one; a row
+        that cannot be rescued ends with a status that fits, saying why."""
+        log.warning("the rescue of all lost rows failed on one, rescuing each alone: %s", failed)
+        rows = []
+        with self.db.transaction() as tx:
+            self.seen(tx)  # the registry's refresh, which the failure rolled back
+        for (job_id,) in self.db.query(Q.job_rescue_candidates, params):
+            try:
+                rows += self._rescue({**params, "only": job_id}, seen=False)
+            except Exception as exc:
+                if not is_server_error(exc):
+                    raise
+                rows += self._end_refused(job_id, exc)
+        return rows
+
+    def _end_refused(self, job_id: int, exc: BaseException) -> list[Any]:
+        reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        status = st.fail(f"interrupted; no err: status can be stored for this row: {reason}")
+        try:
+            ended = self.db.query(Q.job_rescue_refused, {"id": job_id, "status": status})
+        except Exception as end_exc:
+            if not is_server_error(end_exc):
+                raise
+            # Left out of every later rescue of this process, and reported once.
+            self._unrescuable.add(job_id)
+            log.error("id=%d cannot be rescued, left started: %s", job_id, end_exc)
+            capture(end_exc, message="job cannot be rescued", job_id=job_id)
+            return []
+        log.error("id=%d could not be rescued as err: %s", job_id, reason)
+        capture(exc, message="job rescue refused", job_id=job_id)
+        return ended
+
+    def run(self, stop: Event) -> None:
+        """Keep the leases of the jobs this process runs: the renewal thread
+        renews them, and this greenlet fences a job whose lease it could not
+        renew in time. The fence waits on nothing: no database call, no lock,
+        no link stands between it and a handler that must stop."""
+        thread_stop: list[bool] = []
+        _start_thread(self._renew_forever, (thread_stop,))
+        try:
+            while not stop.is_set():
+                self.fence_lapsed()
+                # Often enough that a fence comes before the lease lapses.
+                stop.wait(min(self.margin / 2, self.lease / 3))
+        finally:
+            thread_stop.append(True)
+
+    def run_rescue(self, stop: Event) -> None:
+        """Rescue until stop is set, every rescue_period. The first rescue, at
+        start, also takes every lease-less row: those predate leases."""
+        first = True
+        while not stop.is_set():
+            began = time.monotonic()
+            try:
+                self.rescue(0.0 if first else None)
+                first = False
+                self.outage.recovered()
+            except gevent.Timeout as exc:
+                self.outage.failed(NoReply(f"the rescue got no answer within {self.rescue_deadline:g}s: {exc}"))
+            except Exception as exc:
+                if not is_database_error(exc):
+                    raise  # a bug: the supervisor reports it and restarts this part
+                self.outage.failed(exc)
+            # The period is read each time round: a job claimed during an
+            # idle worker's long wait brings the next rescue closer.
+            while not stop.is_set() and time.monotonic() < began + self.rescue_period():
+                stop.wait(min(self.margin, began + self.rescue_period() - time.monotonic()))
+
+    def _renew_forever(self, thread_stop: list[bool]) -> None:
+        """The renewal thread: every third of a lease, renew what is held, on
+        a connection of its own (the pool belongs to the hub's thread). Each
+        round trip, the connect included, has round_trip to answer: a link
+        that stalls without closing is given up on and opened anew."""
+        conn = None
+        period = self.lease / 3
+        while not thread_stop:
+            began = time.monotonic()
+            try:
+                # Connected the first time a job is held: an idle worker holds no connection for it.
+                if self.held and (conn is None or conn.closed):
+                    conn = self._thread_connect()
+                if conn is not None:
+                    conn.deadline = time.monotonic() + self.round_trip
+                    self.heartbeat(_Conn(conn))
+                    self.outage.recovered()
+            except Exception as exc:  # any failure is retried next period; the fence guards the jobs
+                self.outage.failed(exc)
+                if conn is not None:
+                    conn.close()
+                conn = None
+            _thread_sleep(max(0.0, period - (time.monotonic() - began)))
+        if conn is not None:
+            conn.close()
+
+    def _thread_connect(self) -> DeadlineConnection:
+        options = connect_options("jobs-leases", self.db.dsn, self.db.pooled)
+        if "options" in options:
+            # The server gives up on a lock wait itself, before the thread gives up on the server.
+            options["options"] = f"-c lock_timeout={int(self.round_trip * 500)} {options['options']}"
+        conn = psycopg2.connect(
+            self.db.dsn,
+            connection_factory=deadline_connection(time.monotonic() + self.round_trip),
+            **options,
+        )
+        conn.autocommit = True
+        return conn
+
+
+class _Conn:
+    """query() on one plain connection, for the renewal thread."""
+
+    def __init__(self, conn: psycopg2.extensions.connection) -> None:
+        self.conn = conn
+
+    def query(self, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        with self.conn.cursor() as cur:
+            cur.execute(sql, params)
+            return cur.fetchall()

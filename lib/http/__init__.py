@@ -1,0 +1,2 @@
+"""The worker's HTTP side: the server, /metrics, the health endpoints and
+the admin page."""

@@ -1,0 +1,3 @@
+"""What a handler sees: the job it is given, the statuses it returns, the
+Snooze it raises, and its arguments read into a dataclass. Queues import
+this and nothing of the engine; it imports nothing of the engine either."""

@@ -1,0 +1,439 @@
+"""The operator's commands (`python worker.py COMMAND`): one function each,
+taking the pool and the parsed arguments, printing to the stream given, and
+returning the exit code. worker.py holds only their parsers (which check
+every value) and the dispatch.
+
+Each prints a table for a person, or JSON with --json for a script. None
+prints a job's args except `show`, which is asked for one job in full: args
+may hold what the people who read a status screen should not see.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict
+from datetime import UTC, datetime
+from typing import IO, Any
+
+from tqdm import tqdm
+
+from lib.insert import InvalidJob, insert
+from lib.job import status as st
+from lib.job.args import ArgsError, unmarshal_args
+from lib.operate import overview
+from lib.operate.overview import ALIVE_PERIODS, QueueStats, WorkerInfo, queue_stats, unrun_line, unrun_queues, workers
+from lib.operate.redrive import RedriveResult, redrive
+from lib.setup.logs import one_line
+from lib.setup.settings import masked_dsn
+from lib.store.sql import Q
+
+# What a job enqueued from the command line records as its writer.
+CLI_CALLSITE = "cli"
+# Redrive works through this many jobs per statement: each batch commits on
+# its own (an interrupted redrive keeps what it did) and moves the progress bar.
+REDRIVE_BATCH = 500
+# The longest status the failed table shows; --json and show give it whole.
+STATUS_WIDTH = 100
+# A redrive lists at most this many ids on its summary line.
+LISTED_IDS = 50
+# A pause until resumed is stored as infinity, which the driver reads as this.
+FOREVER = datetime.max.replace(tzinfo=UTC)
+# An unknown name's line lists at most this many known ones when none is near it.
+LISTED_NAMES = 10
+
+
+# Known names: the commands act on the queues and job names this checkout's
+# registry has and those a live worker runs (a worker of another release, or
+# of another entry point), so that neither a slip goes unnoticed ("0 jobs")
+# nor another worker's queue is refused.
+
+
+def known_handled(db: Any, registered: Mapping[str, Collection[str]]) -> dict[str, frozenset[str]]:
+    """queue -> job names: the registry's, and those live workers handle
+    (alive as the status command reads it, lib/operate/overview.py)."""
+    merged = {queue: set(names) for queue, names in registered.items()}
+    for queue, names in db.query(Q.worker_live_handles, {"periods": ALIVE_PERIODS}):
+        merged.setdefault(queue, set()).update(names)
+    return {queue: frozenset(names) for queue, names in sorted(merged.items())}
+
+
+def unknown_names(db: Any, args: argparse.Namespace, handled: Mapping[str, Collection[str]]) -> str | None:
+    """Why the queue or job name the command is given is none it knows (one
+    line, with the nearest known names), or None. A paused queue is known to
+    resume (and pause again), and the queues and names of failed jobs to
+    failed and redrive, whether or not anything runs them now."""
+    command = args.command
+    queue, name = getattr(args, "queue", None), getattr(args, "name", None)
+    if command in ("pause", "resume"):
+        paused = [q for q, _, _ in db.query(Q.queue_paused)]
+        where = "registered, run by a live worker or paused"
+        return _unknown("queue", queue, [*handled, *paused], where)
+    if command in ("failed", "redrive", "retry") and (queue is not None or name is not None):
+        return _unknown_failed(db, queue, name, handled)
+    return None
+
+
+def _unknown_failed(db: Any, queue: str | None, name: str | None, handled: Mapping[str, Collection[str]]) -> str | None:
+    queues, names = set(handled), {n for ns in handled.values() for n in ns}
+    if (queue is None or queue in queues) and (name is None or name in names):
+        return None  # known without reading the failed rows
+    for failed_queue, failed_name in db.query(Q.job_failed_names):
+        queues.add(failed_queue)
+        names.add(failed_name)
+    failed = "or named by a failed job"
+    return _unknown("queue", queue, queues, f"registered, run by a live worker {failed}") or _unknown(
+        "job name", name, names, f"handled by a registered queue or a live worker, {failed}"
+    )
+
+
+def _unknown(what: str, value: str | None, known: Iterable[str], where: str) -> str | None:
+    known = sorted(set(known))
+    if value is None or value in known:
+        return None
+    near = difflib.get_close_matches(value, known, n=3)
+    if near:
+        hint = f"nearest: {', '.join(near)}"
+    elif known:
+        more = f", and {len(known) - LISTED_NAMES} more" if len(known) > LISTED_NAMES else ""
+        hint = f"known: {', '.join(known[:LISTED_NAMES])}{more}"
+    else:
+        hint = "none is known"
+    return f"no {what} {value!r:.100} is {where} ({hint})"
+
+
+def status(db: Any, args: argparse.Namespace, out: IO[str], *, queues: Iterable[str] = ()) -> int:
+    """Every queue (those with rows or state, and the registry's queues given),
+    then the live workers and the dead ones still holding started rows. Given
+    the registry's queues, also those with due rows that none of them runs."""
+    queues = list(queues)
+    found = queue_stats(db, queues)
+    known = workers(db)
+    unrun = unrun_queues(db, queues) if queues else []
+    if args.json:
+        document = {"queues": [asdict(s) for s in found], "workers": [asdict(w) for w in known]}
+        document["unrun"] = [{"queue": q, "due": n} for q, n in unrun]
+        _json(out, document)
+        return 0
+    now = datetime.now(UTC)
+    headers = ["queue", "pending", "due", "delayed", "running", "oldest due"]
+    headers += [f"{k} 1h" for k in ("ok", "fail", "skip", "err")] + ["retrying", "throttled until", "paused"]
+    rows = [
+        [
+            s.queue,
+            s.pending,
+            s.due,
+            s.delayed,
+            s.running,
+            overview.age(s.oldest_due_age_s),
+            *(s.done_1h[k] for k in ("ok", "fail", "skip", "err")),
+            s.retrying,
+            _time(s.throttled_until),
+            _pause(s),
+        ]
+        for s in found
+    ]
+    if rows:
+        _table(out, headers, rows)
+    else:
+        print("no queues", file=out)
+    if unrun:
+        print(f"\n{unrun_line(unrun)}", file=out)
+    live = [w for w in known if w.alive]
+    dead = [w for w in known if not w.alive]
+    print(f"\nlive workers: {len(live)}", file=out)
+    if live:
+        _table(out, ["id", "host", "pid", "started", "last seen", "queues"], [_worker_row(w, now) for w in live])
+    if dead:
+        print(f"\ndead workers still holding started rows: {len(dead)}", file=out)
+        headers = ["id", "host", "pid", "started", "last seen", "holding", "queues"]
+        _table(out, headers, [_worker_row(w, now, holding=True) for w in dead])
+    return 0
+
+
+def failed(db: Any, args: argparse.Namespace, out: IO[str]) -> int:
+    """err: jobs, newest first; args never shown."""
+    rows = _failed(db, queue=args.queue, name=args.name, since=args.since, limit=args.limit)
+    if args.json:
+        keys = ("id", "queue", "name", "attempts", "finished", "callsite", "status")
+        _json(out, [dict(zip(keys, row, strict=True)) for row in rows])
+        return 0
+    if not rows:
+        print("no failed jobs", file=out)
+        return 0
+    _table(
+        out,
+        ["id", "queue", "name", "attempts", "finished", "callsite", "status"],
+        [[i, q, n, a, _time(f), c or "-", _cut(s, STATUS_WIDTH)] for i, q, n, a, f, c, s in rows],
+    )
+    return 0
+
+
+def show(db: Any, args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    """One job in full, args included: asked for by id."""
+    job = overview.job(db, args.id)
+    if job is None:
+        print(f"show: no job {args.id}", file=err)
+        return 1
+    if args.json:
+        _json(out, job)
+        return 0
+    width = max(map(len, job)) + 2
+    for key, value in job.items():
+        if key not in ("args", "last_traceback"):
+            shown = _time(value) if isinstance(value, datetime) else one_line(str(value)) if value is not None else "-"
+            print(f"{key:<{width}}{shown}", file=out)
+    print("args:", file=out)
+    print(json.dumps(job["args"], indent=2, ensure_ascii=False, sort_keys=True), file=out)
+    if job["last_traceback"]:
+        # As Python printed it, over several lines: the one field shown so.
+        print("last traceback:", file=out)
+        for line in job["last_traceback"].rstrip("\n").splitlines():
+            print(one_line(line), file=out)
+    return 0
+
+
+def redrive_failed(db: Any, args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    """lib.operate.redrive over the err: jobs the filters choose, in batches, newest
+    failure first (so of a deduped job's copies the newest is the one that
+    comes back, as in a single redrive). --dry-run does the same inside a
+    transaction it rolls back: the answer is the real one, and nothing changes."""
+    if not (args.ids or args.queue or args.name or args.since):
+        print("redrive: needs ids, a queue or a name (or --since)", file=err)
+        return 2
+    ids = [row[0] for row in _failed(db, ids=args.ids, queue=args.queue, name=args.name, since=args.since)]
+    bar = tqdm(
+        total=len(ids),
+        unit="job",
+        desc="checking" if args.dry_run else "redriving",
+        file=out,
+        # A bar only for a person watching a long run; a script reads the summary.
+        disable=not (_is_tty(out) and len(ids) > REDRIVE_BATCH),
+    )
+    result = RedriveResult()
+    with bar:
+        if args.dry_run:
+            with _rolled_back(db) as tx:
+                _redrive_batches(tx, ids, result, bar)
+        else:
+            _redrive_batches(db, ids, result, bar)
+    if args.ids:
+        # Asked for by id but not failed: say why each was left alone.
+        found = dict(db.query(Q.job_status_of, {"ids": sorted(set(args.ids) - set(ids))}))
+        for job_id in set(args.ids) - set(ids):
+            result.skipped[job_id] = _not_redriven(found.get(job_id))
+    result.redriven.sort()
+    result.skipped = dict(sorted(result.skipped.items()))
+    if args.json:
+        skipped = [{"id": i, "why": why} for i, why in result.skipped.items()]
+        _json(out, {"dry_run": args.dry_run, "redriven": result.redriven, "skipped": skipped})
+        return 0
+    would = "would " if args.dry_run else ""
+    verb = "redrive" if args.dry_run else "redrove"
+    print(f"{would}{verb} {len(result.redriven)} jobs{_ids(result.redriven)}", file=out)
+    if result.skipped:
+        print(f"{would}{'skip' if args.dry_run else 'skipped'} {len(result.skipped)} jobs:", file=out)
+        for job_id, why in result.skipped.items():
+            print(f"  {job_id}: {why}", file=out)
+    if not ids and not args.ids:
+        print(f"no err: job matches; {NOT_FAULTS}", file=out)
+    if args.dry_run:
+        print("dry run: nothing was changed", file=out)
+    return 0
+
+
+NOT_FAULTS = "fail: and skip: are answers a retry does not change, and are not redriven"
+
+
+def _not_redriven(status: str | None) -> str:
+    if status is None:
+        return "no such job"
+    try:
+        kind = st.kind(status)
+    except ValueError:
+        return f"its status {status[:80]!r} is not a failure"
+    if kind in (st.Kind.FAIL, st.Kind.SKIP):
+        return f"it ended {status[:80]!r}; {NOT_FAULTS}"
+    return f"it is {kind}, not failed"
+
+
+def enqueue(
+    db: Any,
+    args: argparse.Namespace,
+    out: IO[str],
+    err: IO[str],
+    *,
+    handled: Mapping[str, Collection[str]] | None = None,
+    args_type: type | None = None,
+) -> int:
+    """One job through lib.insert, recorded as written by the command line.
+    A job that neither the registry nor a live worker handles is refused: its
+    row would wait for ever. args_type: the dataclass its handler reads the
+    args into, when it is known; args that do not fit it (a key it does not
+    declare included: a person typed it) are refused."""
+    if handled is not None and args.name not in handled.get(args.queue, ()):
+        if args.queue not in handled:
+            why = _unknown("queue", args.queue, handled, "registered or run by a live worker")
+        else:
+            why = _unknown("job name", args.name, handled[args.queue], f"handled in queue {args.queue}")
+        print(f"enqueue: no worker runs job {args.name} on queue {args.queue}: {why}", file=err)
+        return 2
+    if args_type is not None:
+        try:
+            unmarshal_args(args_type, args.args or {}, strict=True)
+        except ArgsError as exc:
+            print(f"enqueue: args do not fit job {args.name}: {exc}", file=err)
+            return 2
+    try:
+        job_id = insert(  # registry-check: names checked at run time
+            db,
+            args.queue,
+            args.name,
+            args.args,
+            run_at=args.run_at,
+            priority=args.priority,
+            callsite=CLI_CALLSITE,
+        )
+    except InvalidJob as exc:
+        print(f"enqueue: {exc}", file=err)
+        return 2
+    if args.json:
+        _json(out, {"id": job_id})
+    elif job_id is None:
+        print(f"not enqueued: a copy of {args.name} with these args is already pending or started", file=out)
+    else:
+        print(f"enqueued job {job_id}: queue={args.queue} job={args.name}", file=out)
+    return 0
+
+
+def cancel(db: Any, args: argparse.Namespace, out: IO[str]) -> int:
+    """End pending jobs as cancelled; any other is left alone and named, and
+    the exit code is then 1, so a script sees that not all were cancelled."""
+    ids = sorted(set(args.ids))
+    done = sorted(i for (i,) in db.query(Q.job_cancel, {"ids": ids, "status": st.skip("cancelled by operator")}))
+    rest = sorted(set(ids) - set(done))
+    # Read after the update: a job claimed meanwhile shows as started, not as the pending it was.
+    statuses = dict(db.query(Q.job_statuses, {"ids": rest})) if rest else {}
+    left = {i: statuses.get(i) for i in rest}
+    if args.json:
+        _json(out, {"cancelled": done, "left": [{"id": i, "status": s} for i, s in left.items()]})
+    else:
+        print(f"cancelled {len(done)} jobs{_ids(done)}", file=out)
+        if left:
+            print(f"left {len(left)} jobs alone, not pending:", file=out)
+            for job_id, was in left.items():
+                print(f"  {job_id}: {_cut(was, STATUS_WIDTH) if was is not None else 'no such job'}", file=out)
+    return 1 if left else 0
+
+
+def db_url(url: str, args: argparse.Namespace, out: IO[str]) -> int:
+    """The database the worker uses, password masked; for the embedded server
+    its socket URL, which psql takes as it is."""
+    shown = masked_dsn(url)
+    if args.json:
+        _json(out, {"url": shown})
+    else:
+        print(shown, file=out)
+    return 0
+
+
+# Helpers
+
+
+def _failed(
+    db: Any,
+    *,
+    ids: Sequence[int] | None = None,
+    queue: str | None = None,
+    name: str | None = None,
+    since: float | None = None,
+    limit: int | None = None,
+) -> list[tuple[Any, ...]]:
+    params = {"ids": list(ids) if ids else None, "queue": queue, "name": name, "since": since, "limit": limit}
+    return db.query(Q.job_failed, params)
+
+
+def _redrive_batches(db: Any, ids: Sequence[int], result: RedriveResult, bar: tqdm) -> None:
+    for start in range(0, len(ids), REDRIVE_BATCH):
+        batch = ids[start : start + REDRIVE_BATCH]
+        done = redrive(db, ids=batch)
+        result.redriven += done.redriven
+        result.skipped.update(done.skipped)
+        bar.update(len(batch))
+
+
+class _Rollback(Exception):
+    pass
+
+
+@contextmanager
+def _rolled_back(db: Any) -> Iterator[Any]:
+    """A transaction that is always rolled back: a dry run makes every change
+    and keeps none."""
+    try:
+        with db.transaction() as tx:
+            yield tx
+            raise _Rollback
+    except _Rollback:
+        pass
+
+
+def _is_tty(stream: IO[str]) -> bool:
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty and isatty())
+
+
+def _worker_row(w: WorkerInfo, now: datetime, *, holding: bool = False) -> list[Any]:
+    seen = f"{overview.age((now - w.last_seen).total_seconds())} ago"
+    return [w.id, w.host, w.pid, _time(w.started_at), seen, *([w.holding] if holding else []), ", ".join(w.queues)]
+
+
+def _json(out: IO[str], value: Any) -> None:
+    print(json.dumps(value, indent=2, default=_json_default, ensure_ascii=False), file=out)
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.astimezone(UTC).isoformat()
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+def _table(out: IO[str], headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    """Columns padded to their widest cell; the last is not padded (a reason
+    or a list of queues may be long)."""
+    cells = [list(headers), *[[one_line(str(c)) for c in row] for row in rows]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    for row in cells:
+        line = "  ".join(c.ljust(w) for c, w in zip(row[:-1], widths, strict=False))
+        print(f"{line}  {row[-1]}".rstrip(), file=out)
+
+
+def _time(value: datetime | None) -> str:
+    if value is None:
+        return "-"
+    if value == FOREVER:
+        return "never"
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def _pause(s: QueueStats) -> str:
+    if s.paused_until is None:
+        return "-"
+    until = "until resumed" if s.paused_until == FOREVER else f"until {_time(s.paused_until)}"
+    return f"{until}: {s.pause_reason}"
+
+
+def _cut(text: str, width: int) -> str:
+    text = one_line(text)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _ids(ids: Sequence[int]) -> str:
+    if not ids:
+        return ""
+    shown = ", ".join(map(str, ids[:LISTED_IDS]))
+    more = f", and {len(ids) - LISTED_IDS} more" if len(ids) > LISTED_IDS else ""
+    return f": {shown}{more}"
