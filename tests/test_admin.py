@@ -7,6 +7,7 @@ from contextlib import contextmanager
 
 import pytest
 import requests
+from factory import make_job
 from http_support import serving
 from proxy import Proxy
 
@@ -14,7 +15,6 @@ import lib.http.admin
 from lib.http import metrics
 from lib.http.admin import Admin
 from lib.http.httpd import Health, make_app
-from lib.insert import insert
 from lib.operate import overview
 from lib.store.db import DB
 
@@ -46,12 +46,7 @@ def csrf_of(session: requests.Session, base: str) -> str:
 
 
 def failed_job(db, queue="mail", name="mail.Send", error="err: RuntimeError: smtp down") -> int:
-    job_id = insert(db, queue, name, {"to": "a@example.com"})
-    db.exec(
-        "UPDATE jobs SET status = %s, last_error = %s, attempts = 1, max_attempts = 1, finished_at = now() WHERE id = %s",
-        (error, error, job_id),
-    )
-    return job_id
+    return make_job(db, queue, name, {"to": "a@example.com"}, status=error, max_attempts=1).id
 
 
 def test_no_credentials_no_page(db):

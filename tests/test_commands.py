@@ -16,11 +16,11 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from factory import ago, later, make_job
 from tests_support import ROOT
 
 import worker
 from lib.background import worker_registry
-from lib.insert import insert
 from lib.job.args import ArgsError, unmarshal_args
 from lib.operate import commands, overview
 from lib.operate.cli import make_parser
@@ -50,10 +50,8 @@ def cli(database_url, monkeypatch, capsys):
 
 
 def _job(db, queue="caches", name="caches.Age", status="pending", n=0, **cols) -> int:
-    job_id = insert(db, queue, name, {"secret": SECRET_ARG, "n": n})
-    sets = ", ".join(f"{k} = {v}" for k, v in {"status": f"'{status}'", **cols}.items())
-    db.exec(f"UPDATE jobs SET {sets} WHERE id = %s", (job_id,))
-    return job_id
+    """A row of the status, with args a listing must not show."""
+    return make_job(db, queue, name, {"secret": SECRET_ARG, "n": n}, status=status, **cols).id
 
 
 def _lines(text: str) -> list[list[str]]:
@@ -88,12 +86,12 @@ def test_status_on_an_empty_table_lists_every_registered_queue_with_zeros(db, cl
 
 
 def test_status_shows_each_queue_and_the_workers_live_and_dead(db, cli):
-    _job(db, run_at="now() - interval '2 minutes'", n=1)
-    _job(db, run_at="now() + interval '1 hour'", attempts=1, n=2)
-    _job(db, "github", "github.FetchRepo", "started", worker_id="'dead-1'", slot=0, n=3)
-    _job(db, status="ok", finished_at="now()", n=4)
-    _job(db, status="err: boom", finished_at="now()", n=5)
-    _job(db, "odd", "odd.N", status="fail: no", finished_at="now() - interval '5 minutes'")  # a queue no worker runs
+    _job(db, run_at=ago(minutes=2), n=1)
+    _job(db, run_at=later(hours=1), attempts=1, n=2)
+    _job(db, "github", "github.FetchRepo", "started", worker_id="dead-1", n=3)
+    _job(db, status="ok", n=4)
+    _job(db, status="err: boom", n=5)
+    _job(db, "odd", "odd.N", status="fail: no", finished_at=ago(minutes=5))  # a queue no worker runs
     until = datetime.now(UTC) + timedelta(minutes=30)
     pause(db, "github", "vendor incident", until)
     pause(db, "slack", "token rotation")
@@ -153,10 +151,10 @@ def test_status_shows_each_queue_and_the_workers_live_and_dead(db, cli):
 def test_failed_lists_err_rows_newest_first_without_args(db, cli):
     assert cli("failed")[1] == "no failed jobs\n"
     assert json.loads(cli("failed", "--json")[1]) == []
-    old = _job(db, status="err: old", finished_at="now() - interval '3 hours'", attempts=1, n=1)
-    new = _job(db, "github", "github.FetchRepo", status="err: HTTP 500", finished_at="now() - interval '1 minute'")
-    two_lines = _job(db, status="err: first\nsecond " + "x" * 200, finished_at="now() - interval '2 minutes'", n=2)
-    _job(db, status="fail: not an err", finished_at="now()", n=3)
+    old = _job(db, status="err: old", finished_at=ago(hours=3), n=1)
+    new = _job(db, "github", "github.FetchRepo", status="err: HTTP 500", finished_at=ago(minutes=1), attempts=0)
+    two_lines = _job(db, status="err: first\nsecond " + "x" * 200, finished_at=ago(minutes=2), n=2)
+    _job(db, status="fail: not an err", n=3)
     _job(db, n=4)
     code, out, err = cli("failed")
     assert code == 0, err
@@ -182,7 +180,7 @@ def test_failed_lists_err_rows_newest_first_without_args(db, cli):
 
 
 def test_show_prints_one_job_in_full_with_its_args(db, cli):
-    job_id = _job(db, status="err: boom", attempts=2, last_error="'err: boom'", finished_at="now()")
+    job_id = _job(db, status="err: boom", attempts=2, last_error="err: boom")
     code, out, err = cli("show", str(job_id))
     assert code == 0, err
     fields = dict(r for r in _lines(out.split("args:")[0]))
@@ -198,8 +196,8 @@ def test_show_prints_one_job_in_full_with_its_args(db, cli):
 
 
 def test_redrive_since_and_dry_run(db, cli):
-    recent = _job(db, status="err: boom", attempts=1, finished_at="now() - interval '5 minutes'", n=1)
-    old = _job(db, status="err: boom", attempts=1, finished_at="now() - interval '2 days'", n=2)
+    recent = _job(db, status="err: boom", finished_at=ago(minutes=5), n=1)
+    old = _job(db, status="err: boom", finished_at=ago(days=2), n=2)
     code, out, err = cli("retry", "--since", "1h", "--dry-run")
     assert code == 0, err
     assert out.splitlines() == [f"would redrive 1 jobs: {recent}", "dry run: nothing was changed"]
@@ -213,10 +211,8 @@ def test_redrive_since_and_dry_run(db, cli):
 
 def test_a_dry_run_says_which_copies_it_would_skip(db, cli):
     db.exec("INSERT INTO job_dedupe_names VALUES ('maintenance', 'maintenance.CleanUpJobs')")
-    older = _job(
-        db, "maintenance", "maintenance.CleanUpJobs", "err: boom", attempts=1, finished_at="now() - interval '1 minute'"
-    )
-    newer = _job(db, "maintenance", "maintenance.CleanUpJobs", "err: boom", attempts=1, finished_at="now()")
+    older = _job(db, "maintenance", "maintenance.CleanUpJobs", "err: boom", finished_at=ago(minutes=1))
+    newer = _job(db, "maintenance", "maintenance.CleanUpJobs", "err: boom")
     _, out, _ = cli("redrive", "--queue", "maintenance", "--dry-run")
     assert out.splitlines() == [
         f"would redrive 1 jobs: {newer}",
@@ -232,10 +228,8 @@ def test_across_batches_the_newest_failure_of_a_deduped_job_is_the_one_redriven(
     in the first batch, comes back, and the older copy is skipped for it."""
     monkeypatch.setattr(commands, "REDRIVE_BATCH", 1)
     db.exec("INSERT INTO job_dedupe_names VALUES ('maintenance', 'maintenance.CleanUpJobs')")
-    older = _job(
-        db, "maintenance", "maintenance.CleanUpJobs", "err: boom", attempts=1, finished_at="now() - interval '1 minute'"
-    )
-    newer = _job(db, "maintenance", "maintenance.CleanUpJobs", "err: boom", attempts=1, finished_at="now()")
+    older = _job(db, "maintenance", "maintenance.CleanUpJobs", "err: boom", finished_at=ago(minutes=1))
+    newer = _job(db, "maintenance", "maintenance.CleanUpJobs", "err: boom")
     code, out, err = cli("redrive", "--queue", "maintenance")
     assert code == 0, err
     assert out.splitlines() == [
@@ -359,9 +353,9 @@ def test_args_error_names_the_missing_and_the_unknown_keys():
 
 def test_cancel_ends_pending_jobs_and_names_the_others(db, cli):
     pending = _job(db, n=1)
-    delayed = _job(db, run_at="now() + interval '1 day'", n=2)
-    running = _job(db, status="started", worker_id="'w'", slot=0, n=3)
-    done = _job(db, status="ok", finished_at="now()", n=4)
+    delayed = _job(db, run_at=later(days=1), n=2)
+    running = _job(db, status="started", worker_id="w", n=3)
+    done = _job(db, status="ok", n=4)
     code, out, err = cli("cancel", str(pending), str(delayed), str(running), str(done), "999999")
     assert code == 1, err
     assert out.splitlines() == [
@@ -482,7 +476,7 @@ def test_every_command_has_help(cli, command):
 def test_redrive_says_why_a_job_asked_for_is_not_redriven(db, cli):
     """A fail: job is an answer, not a fault: redrive leaves it and says so,
     as it does for a job that is not failed or does not exist."""
-    answered = _job(db, status="fail: no such repo", n=1, attempts=1)
+    answered = _job(db, status="fail: no such repo", n=1)
     waiting = _job(db, n=2)
     code, out, _ = cli("redrive", "--id", str(answered), str(waiting), "999999")
     assert code == 0

@@ -6,6 +6,8 @@ combination of filters answers what a plain reading of the filters says."""
 import itertools
 from datetime import timedelta
 
+from factory import Job, make_job
+
 from lib.store.db import DB
 from lib.store.sql import Q
 
@@ -25,36 +27,31 @@ ROWS = [
 ]
 
 
-def _plant(db: DB) -> list[dict]:
-    rows = []
-    for queue, name, status, ago in ROWS:
-        (job_id, finished_at) = db.query_row(
-            "INSERT INTO jobs (queue, name, status, attempts, finished_at) "
-            "VALUES (%s, %s, %s, 1, now() - %s::interval) RETURNING id, finished_at",
-            (queue, name, status, ago),
-        )
-        rows.append({"id": job_id, "queue": queue, "name": name, "status": status, "finished_at": finished_at})
-    return rows
+def _plant(db: DB) -> list[Job]:
+    return [
+        make_job(db, queue, name, status=status, attempts=1, finished_at=None if ago is None else -ago)
+        for queue, name, status, ago in ROWS
+    ]
 
 
-def _expected(rows, *, ids, queue, name, since, limit, now) -> list[int]:
+def _expected(rows: list[Job], *, ids, queue, name, since, limit, now) -> list[int]:
     picked = [
         r
         for r in rows
-        if r["status"].startswith("err: ")
-        and (ids is None or r["id"] in ids)
-        and (queue is None or r["queue"] == queue)
-        and (name is None or r["name"] == name)
-        and (since is None or r["finished_at"] > now - timedelta(seconds=since))
+        if r.status.startswith("err: ")
+        and (ids is None or r.id in ids)
+        and (queue is None or r.queue == queue)
+        and (name is None or r.name == name)
+        and (since is None or r.finished_at > now - timedelta(seconds=since))
     ]
-    picked.sort(key=lambda r: (r["finished_at"], r["id"]), reverse=True)
-    return [r["id"] for r in picked[:limit]]
+    picked.sort(key=lambda r: (r.finished_at, r.id), reverse=True)
+    return [r.id for r in picked[:limit]]
 
 
 def test_each_combination_of_filters_lists_the_failures_it_names(database_url, db):
     rows = _plant(db)
     (now,) = db.query_row("SELECT now()")
-    ids = [rows[0]["id"], rows[3]["id"], rows[5]["id"], rows[6]["id"]]
+    ids = [rows[0].id, rows[3].id, rows[5].id, rows[6].id]
     pool = DB.connect(database_url, size=1)  # one connection: what it prepared would be used again
     try:
         for got_ids, queue, name, since, limit in itertools.product(

@@ -1,7 +1,9 @@
 import re
+from datetime import UTC, datetime, timedelta
 
 import gevent
 import psycopg2
+from factory import ago, make_job
 from tests_support import count_jobs
 
 from lib.insert import insert
@@ -13,25 +15,16 @@ from queues import caches, maintenance, registry
 
 
 def test_retention_deletes_old_finished_rows_only(db):
-    ids = {}
-    for label in ("old_ok", "old_err", "new_ok", "old_pending", "old_started", "old_retry"):
-        ids[label] = insert(db, "r", "r.N")
-    db.exec("UPDATE jobs SET status = 'ok', finished_at = now() - interval '20 days' WHERE id = %s", (ids["old_ok"],))
-    db.exec(
-        "UPDATE jobs SET status = 'err: x', finished_at = now() - interval '15 days' WHERE id = %s", (ids["old_err"],)
-    )
-    db.exec("UPDATE jobs SET status = 'ok', finished_at = now() - interval '1 day' WHERE id = %s", (ids["new_ok"],))
+    make_job(db, "r", status="ok", finished_at=ago(days=20))
+    make_job(db, "r", status="err: x", finished_at=ago(days=15))
+    kept = {make_job(db, "r", status="ok", finished_at=ago(days=1)).id}
     # Live rows, however old, stay: a pending one, a started one, one waiting for a retry.
-    db.exec("UPDATE jobs SET created_at = now() - interval '90 days' WHERE id = %s", (ids["old_pending"],))
-    db.exec(
-        "UPDATE jobs SET status = 'started', started_at = now() - interval '30 days', "
-        "finished_at = now() - interval '30 days' WHERE id = %s",
-        (ids["old_started"],),
-    )
-    db.exec("UPDATE jobs SET finished_at = now() - interval '30 days' WHERE id = %s", (ids["old_retry"],))
+    kept.add(make_job(db, "r", created_at=ago(days=90)).id)
+    kept.add(make_job(db, "r", status="started", started_at=ago(days=30), finished_at=ago(days=30)).id)
+    kept.add(make_job(db, "r", finished_at=ago(days=30)).id)
     assert maintenance.clean_up_jobs(db, days=14, batch=1) == "ok: deleted 2"
     left = {r[0] for r in db.query("SELECT id FROM jobs")}
-    assert left == {ids["new_ok"], ids["old_pending"], ids["old_started"], ids["old_retry"]}
+    assert left == kept
     assert maintenance.clean_up_jobs(db, days=14) == "skip: nothing old enough"
 
 
@@ -43,8 +36,7 @@ def test_retention_runs_as_a_job_of_the_maintenance_queue(db):
 def test_the_registry_gives_maintenance_the_retention_of_the_settings(db):
     """JOBS_RETENTION_DAYS reaches the queue through queues.registry: rows
     finished 3 days ago stay at the default (14) and go at 2 days."""
-    job = insert(db, "r", "r.N")
-    db.exec("UPDATE jobs SET status = 'ok', finished_at = now() - interval '3 days' WHERE id = %s", (job,))
+    make_job(db, "r", status="ok", finished_at=ago(days=3))
 
     def clean_up_with(env: dict[str, str]) -> str:
         [make] = [m for m in registry(Settings.from_env(env)) if m.__module__ == "queues.maintenance"]
@@ -106,29 +98,25 @@ def test_claim_stays_on_its_index_with_many_finished_rows(db, database_url):
     assert count_jobs(db, "status = 'started'") == 0
 
 
-def _finish(db, ids, at: str, status: str = "ok") -> None:
-    db.exec("UPDATE jobs SET status = %s, attempts = 1, finished_at = %s WHERE id = ANY(%s)", (status, at, ids))
-
-
 def test_retention_deletes_every_row_of_an_instant_a_batch_boundary_splits(db):
     """Each batch starts at the newest finished_at the last one deleted and
     takes that instant's rows again: with batches of two, the three rows that
     finished in one instant straddle a boundary, and all go."""
-    ids = [insert(db, "r", "r.N") for _ in range(7)]
-    _finish(db, ids[:1], "2020-01-01 00:00:00+00")
-    _finish(db, ids[1:4], "2020-01-01 00:00:01+00")
-    _finish(db, ids[4:5], "2020-01-01 00:00:02+00", "err: x")
-    _finish(db, ids[5:6], "now()")
+    second = datetime(2020, 1, 1, tzinfo=UTC)
+    make_job(db, "r", status="ok", finished_at=second)
+    for _ in range(3):
+        make_job(db, "r", status="ok", finished_at=second + timedelta(seconds=1))
+    make_job(db, "r", status="err: x", finished_at=second + timedelta(seconds=2))
+    kept = [make_job(db, "r", status="ok").id, make_job(db, "r").id]
     assert maintenance.clean_up_jobs(db, days=14, batch=2) == "ok: deleted 5"
-    assert db.query("SELECT id FROM jobs ORDER BY id") == [(ids[5],), (ids[6],)]
+    assert db.query("SELECT id FROM jobs ORDER BY id") == [(kept[0],), (kept[1],)]
 
 
 def test_retention_passes_over_a_row_a_redrive_holds_without_waiting(db, database_url):
     """A batch chooses its rows while a redrive holds one of them: the batch
     takes the others without waiting for that transaction, and the redriven
     row is pending once the redrive commits."""
-    ids = [insert(db, "r", "r.N") for _ in range(3)]
-    _finish(db, ids, "2020-01-01 00:00:00+00", "err: x")
+    ids = [make_job(db, "r", status="err: x", finished_at=datetime(2020, 1, 1, tzinfo=UTC)).id for _ in range(3)]
     app = psycopg2.connect(database_url)
     cleaner = DB.connect(database_url, size=1, application_name="jobs-test-retention")
     try:

@@ -3,6 +3,7 @@ import re
 import gevent
 import psycopg2
 import pytest
+from factory import make_job, read_job
 from tests_support import wait_for
 
 from lib.greenlets.backoff import CAP_SECONDS, Backoff, backoff
@@ -52,13 +53,11 @@ def test_redrive_returns_failed_jobs_with_their_error_kept(db):
     assert redrive(db, ids=[failed, fine]).redriven == [failed]  # an ok job is not a failure
     row = db.query_row("SELECT status, attempts, max_attempts, last_error FROM jobs WHERE id = %s", (failed,))
     assert row == ("pending", 1, 2, "err: RuntimeError: vendor down")
-    assert db.query_row("SELECT status FROM jobs WHERE id = %s", (other,))[0].startswith("err:")
+    assert read_job(db, other).status.startswith("err:")
     # It runs again as attempt 2, and fails for good this time.
     assert poller.work_once() == "err: RuntimeError: vendor down"
-    assert db.query_row("SELECT status, attempts FROM jobs WHERE id = %s", (failed,)) == (
-        "err: RuntimeError: vendor down",
-        2,
-    )
+    row = read_job(db, failed)
+    assert (row.status, row.attempts) == ("err: RuntimeError: vendor down", 2)
     assert redrive(db, queue="q", name="q.N").redriven == [failed, other]
 
 
@@ -70,15 +69,7 @@ def test_redrive_needs_a_filter(db):
 def failed_copies(db, n: int, args: dict) -> list[int]:
     """n identical copies of a deduped job that each failed in turn."""
     db.exec("INSERT INTO job_dedupe_names VALUES ('d', 'd.Once') ON CONFLICT DO NOTHING")
-    ids = []
-    for _ in range(n):
-        job_id = insert(db, "d", "d.Once", args)
-        db.exec(
-            "UPDATE jobs SET status = 'err: vendor down', attempts = 1, max_attempts = 1, finished_at = now() WHERE id = %s",
-            (job_id,),
-        )
-        ids.append(job_id)
-    return ids
+    return [make_job(db, "d", "d.Once", args, status="err: vendor down", max_attempts=1).id for _ in range(n)]
 
 
 def test_redrive_of_failed_copies_of_a_deduped_job_redrives_the_newest(db):
@@ -130,8 +121,7 @@ def test_a_live_copy_is_one_the_dedupe_index_holds(db, database_url):
     job is accepted beside it, and so is the redrive."""
     [failed] = failed_copies(db, 1, {"k": 1})
     db.exec("DELETE FROM job_dedupe_names")  # declared below, over copies written before
-    first, second = (insert(db, "d", "d.Once", {"k": 1}) for _ in range(2))
-    db.exec("UPDATE jobs SET status = 'started', attempts = 1 WHERE id IN (%s, %s)", (first, second))
+    first, second = (make_job(db, "d", "d.Once", {"k": 1}, status="started", slot=slot).id for slot in range(2))
     db.query_row(Q.dedupe_declare, {"queue": "d", "names": ["d.Once"]})
     assert db.query("SELECT id, dedupe FROM jobs WHERE status = 'started' ORDER BY id") == [
         (first, True),

@@ -3,39 +3,30 @@
 from datetime import UTC, datetime, timedelta
 
 import psycopg2
+from factory import ago, later, make_job
 
-from lib.insert import insert
 from lib.operate import overview
 from lib.operate.queue_state import pause
 from lib.store.sql import Q, statement
 
 
-def _plant(db, queue: str, status: str, **cols) -> int:
-    job_id = insert(db, queue, f"{queue}.N", {"n": cols.pop("n", 0)})
-    sets = ", ".join(f"{k} = {v}" for k, v in {"status": f"'{status}'", **cols}.items())
-    db.exec(f"UPDATE jobs SET {sets} WHERE id = %s", (job_id,))
-    return job_id
-
-
 def test_queue_stats_counts_each_part_of_a_queue(db):
-    _plant(db, "a", "pending", run_at="now() - interval '90 seconds'", n=1)
-    _plant(db, "a", "pending", run_at="now() - interval '10 seconds'", attempts=1, n=2)  # a retry now due
-    _plant(db, "a", "pending", run_at="now() + interval '1 hour'", attempts=2, n=3)  # a retry waiting
-    _plant(db, "a", "started", worker_id="'w1'", slot=0, n=4)
-    for n, (st, ago) in enumerate(
-        [
-            ("ok", "1 minute"),
-            ("ok: done", "2 minutes"),
-            ("fail: no", "3 minutes"),
-            ("skip: rate limited, resets in 5s: x", "4 minutes"),
-            ("err: interrupted", "5 minutes"),
-            ("err: boom", "59 minutes"),
-            ("weird", "6 minutes"),
-            ("ok", "61 minutes"),
-            ("err: old", "2 days"),
-        ]
-    ):
-        _plant(db, "a", st, finished_at=f"now() - interval '{ago}'", n=10 + n)
+    make_job(db, "a", run_at=ago(seconds=90))
+    make_job(db, "a", run_at=ago(seconds=10), attempts=1)  # a retry now due
+    make_job(db, "a", run_at=later(hours=1), attempts=2)  # a retry waiting
+    make_job(db, "a", status="started", worker_id="w1")
+    for status, finished in [
+        ("ok", ago(minutes=1)),
+        ("ok: done", ago(minutes=2)),
+        ("fail: no", ago(minutes=3)),
+        ("skip: rate limited, resets in 5s: x", ago(minutes=4)),
+        ("err: interrupted", ago(minutes=5)),
+        ("err: boom", ago(minutes=59)),
+        ("weird", ago(minutes=6)),
+        ("ok", ago(minutes=61)),
+        ("err: old", ago(days=2)),
+    ]:
+        make_job(db, "a", status=status, finished_at=finished)
     [a] = overview.queue_stats(db)
     assert (a.queue, a.pending, a.due, a.delayed, a.running, a.retrying) == ("a", 3, 2, 1, 1, 2)
     assert 89 < a.oldest_due_age_s < 120
@@ -62,11 +53,11 @@ def test_queue_stats_lists_named_and_paused_queues_with_zeros(db):
 
 
 def test_a_queue_with_only_delayed_rows_has_no_due_age_and_a_past_throttle_is_not_shown(db):
-    _plant(db, "later", "pending", run_at="now() + interval '1 hour'")
+    make_job(db, "later", run_at=later(hours=1))
     db.exec("INSERT INTO job_queues (queue, next_claim_at) VALUES ('later', now() - interval '1 second')")
-    [later] = overview.queue_stats(db)
-    assert (later.pending, later.due, later.delayed, later.oldest_due_age_s) == (1, 0, 1, None)
-    assert later.throttled_until is None
+    [delayed] = overview.queue_stats(db)
+    assert (delayed.pending, delayed.due, delayed.delayed, delayed.oldest_due_age_s) == (1, 0, 1, None)
+    assert delayed.throttled_until is None
 
 
 def test_queue_stats_stays_on_indexes_with_a_million_finished_rows(db, database_url):
@@ -83,8 +74,8 @@ def test_queue_stats_stays_on_indexes_with_a_million_finished_rows(db, database_
             "FROM generate_series(1, 1000000) AS i"
         )
         cur.execute("SET session_replication_role = DEFAULT")
-    _plant(db, "q1", "pending")
-    _plant(db, "q1", "ok", finished_at="now()")
+    make_job(db, "q1")
+    make_job(db, "q1", status="ok")
     db.exec("ANALYZE jobs")
     query = statement("stats_explained", Q.queue_stats)
     conn = psycopg2.connect(database_url)

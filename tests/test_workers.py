@@ -7,6 +7,7 @@ from datetime import timedelta
 
 import gevent
 import pytest
+from factory import make_job
 from gevent.event import Event
 from tests_support import wait_for
 
@@ -31,16 +32,6 @@ def _plant(db, worker_id: str, seen_ago: str, lease: float = 30.0) -> None:
         "INSERT INTO workers VALUES (%s, 'gone-host', 4242, '{q}', now() - interval '3 days', now() - %s::interval, %s)",
         (worker_id, seen_ago, lease),
     )
-
-
-def _hold(db, worker_id: str, queue: str = "q") -> int:
-    job_id = insert(db, queue, f"{queue}.N", {"by": worker_id})
-    db.exec(
-        "UPDATE jobs SET status = 'started', worker_id = %s, slot = 0, attempts = 1, "
-        "lease_until = now() + interval '1 minute' WHERE id = %s",
-        (worker_id, job_id),
-    )
-    return job_id
 
 
 def test_a_registered_worker_is_listed_alive_with_its_queues(db):
@@ -80,10 +71,10 @@ def test_the_lease_keeper_refreshes_last_seen_on_its_period(db):
 
 def test_a_dead_worker_holding_rows_is_listed_dead_and_a_live_one_with_its_count(db):
     worker_registry.register(db, "live", ["q"], 30.0)
-    _hold(db, "live")
+    make_job(db, status="started", worker_id="live")
     _plant(db, "dead-holding", "10 minutes")
-    _hold(db, "dead-holding", "q2")
-    _hold(db, "dead-holding", "q3")
+    make_job(db, "q2", status="started", worker_id="dead-holding")
+    make_job(db, "q3", status="started", worker_id="dead-holding")
     _plant(db, "dead-idle", "10 minutes")
     # A long lease refreshes seldom: ten minutes unseen is still alive with a 300 s lease.
     _plant(db, "slow", "10 minutes", lease=300.0)
@@ -117,7 +108,7 @@ def test_the_daily_clean_up_forgets_workers_unseen_for_a_day(db):
     _plant(db, "yesterday", "23 hours")
     _plant(db, "gone", "25 hours")
     _plant(db, "gone-holding", "25 hours")
-    _hold(db, "gone-holding")
+    make_job(db, status="started", worker_id="gone-holding")
     insert(db, "maintenance", "maintenance.CleanUpJobs")
     done = maintenance.make_worker(db).work_once()
     assert done == "ok: nothing old enough; forgot 1 workers unseen for a day"

@@ -74,14 +74,25 @@ def start_worker(database_url: str, *args: str) -> subprocess.Popen:
     )
 
 
-def wait_for(predicate, timeout: float = 30.0, every: float = 0.05):
-    """The first true answer of predicate, polled: for a condition nothing signals."""
+def wait_for(predicate, timeout: float = 30.0, every: float = 0.05, what: str | None = None):
+    """The first true answer of predicate, polled: for a condition nothing
+    signals. On timeout the failure names the condition (what, else where
+    the predicate is written) and its last answer."""
     deadline = time.monotonic() + timeout
     while not (found := predicate()):
         if time.monotonic() > deadline:
-            raise AssertionError("timed out waiting")
+            raise AssertionError(
+                f"timed out after {timeout:g}s waiting for {what or _written_at(predicate)}; its last answer: {found!r}"
+            )
         time.sleep(every)
     return found
+
+
+def _written_at(predicate) -> str:
+    code = getattr(predicate, "__code__", None)
+    if code is None:
+        return repr(predicate)
+    return f"{predicate.__qualname__} at {os.path.relpath(code.co_filename, ROOT)}:{code.co_firstlineno}"
 
 
 class Gate:
