@@ -16,8 +16,9 @@ from gevent.event import Event
 from tests_support import ROOT, count_jobs, wait_for
 
 from lib.insert import insert
+from lib.job import PendingJob, Snooze
 from lib.job import status as st
-from lib.run.poller import Outcome, PendingJob, Poller, Snooze
+from lib.run.poller import Outcome, Poller
 from lib.setup import counters
 from lib.store.db import DB
 from lib.store.group_commit import Ask, batch_step

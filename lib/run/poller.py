@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from lib.greenlets.backoff import Backoff, backoff
 from lib.greenlets.deadline import Deadline
 from lib.greenlets.standby import Standby
 from lib.insert import MAX_ARGS_BYTES, check_name
+from lib.job import Handler, PendingJob, Snooze, Throttle, real_seconds
 from lib.job import status as st
 from lib.setup import counters
 from lib.setup.errors import (
@@ -89,27 +89,6 @@ class _Writes:
                     raise  # the writer itself was killed (the process is ending)
 
 
-@dataclass(frozen=True)
-class PendingJob:
-    id: int
-    name: str
-    args: Any
-    attempts: int = 1
-    max_attempts: int = 1
-    callsite: str | None = None
-    latency: float = 0.0
-    # When the claim's reply came back (monotonic): the lease holds from about then.
-    claimed_at: float = 0.0
-    # Why the stored args could not be read (too large, undecodable); the
-    # handler is then not called.
-    args_error: str | None = None
-
-
-Handler = Callable[[PendingJob], str]
-# (status, error or None, seconds the job took) -> seconds to pause. Pure.
-Throttle = Callable[[str, BaseException | None, float], float]
-
-
 class JobTimeout(BaseException):
     """The handler ran past the queue's job timeout. A BaseException, as the
     lease fence's LeaseLost is, so a handler's `except Exception` retry loop
@@ -118,25 +97,6 @@ class JobTimeout(BaseException):
 
 class UnknownJob(Exception):
     """No handler of this queue has the job's name."""
-
-
-class Snooze(Exception):
-    """Raised by a handler that cannot do its work yet (its API's rate limit is
-    exhausted, say): the job returns to pending for `seconds`, the attempt is
-    not counted, nothing is reported, and the status says why."""
-
-    def __init__(self, seconds: float, status: str) -> None:
-        if st.kind(status) is not st.Kind.SKIP:
-            raise ValueError(f"a snoozed job's status is a skip, not {status!r}")
-        # A plain float here, raised to the handler otherwise: the group
-        # commit's batch takes no other kind, and a batch fails as a whole.
-        value = real_seconds(seconds, "Snooze seconds")
-        if not math.isfinite(value):
-            raise ValueError(f"Snooze seconds must be finite, not {value!r}")
-        status = safe_text(status)
-        super().__init__(status)
-        self.seconds = max(0.0, value)
-        self.status = status
 
 
 class BadStatus(Exception):
@@ -835,21 +795,6 @@ class Poller:
             return 0.0
         # NaN fails both comparisons: no pause. A day bounds a runaway answer.
         return min(delay, MAX_THROTTLE) if delay > 0 else 0.0
-
-
-def real_seconds(value: object, what: str) -> float:
-    """value as a plain float: a Decimal, a Fraction, a numpy scalar, anything
-    float() reads as a number (NaN and infinity too). TypeError for what is no
-    number (a bool, a string, None); ValueError for one no float can hold."""
-    kind = type(value)
-    if isinstance(value, bool) or (kind.__module__ == "numpy" and kind.__name__ in ("bool", "bool_")):
-        raise TypeError(f"{what} must be a number, not a bool")
-    if isinstance(value, str | bytes | bytearray) or not (hasattr(kind, "__float__") or hasattr(kind, "__index__")):
-        raise TypeError(f"{what} must be a number, not {safe_text(kind.__name__)}")
-    try:
-        return float(value)  # type: ignore[arg-type]
-    except (OverflowError, ValueError) as exc:
-        raise ValueError(f"{what} must be a number a float can hold: {describe(exc)}") from None
 
 
 class _Probe(Exception):

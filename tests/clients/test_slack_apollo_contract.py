@@ -20,9 +20,9 @@ from lib.clients import ApolloClient, Outcome, SlackClient
 from lib.clients import slack as slack_client
 from lib.clients.base import OutcomeUnknown
 from lib.insert import insert
+from lib.job import PendingJob
 from lib.job import status as st
 from lib.operate.queue_state import AUTH_PREFIX
-from lib.run.poller import PendingJob
 from queues import apollo, slack
 
 POSTMESSAGE_DOC = "api.slack.com/methods/chat.postMessage, Errors table"
