@@ -19,18 +19,20 @@ from gevent.event import Event  # noqa: E402
 
 from lib.background import dedupe, worker_registry  # noqa: E402
 from lib.background.clock import Clock, Scheduled  # noqa: E402
-from lib.background.leases import Leases  # noqa: E402
+from lib.background.leases import Leases, new_worker_id  # noqa: E402
 from lib.greenlets import hub_watch  # noqa: E402
 from lib.greenlets.backoff import Backoff  # noqa: E402
 from lib.greenlets.supervise import Supervisor  # noqa: E402
 from lib.operate import overview, queue_state, setup_check  # noqa: E402
 from lib.operate.queue_state import AUTH_PREFIX, pause, resume  # noqa: E402
-from lib.run.poller import FINALIZING, Poller  # noqa: E402
+from lib.run.poller import Poller  # noqa: E402
+from lib.run.runtime import Runtime  # noqa: E402
 from lib.setup import errors, logs  # noqa: E402
 from lib.setup.errors import Outage  # noqa: E402
 from lib.setup.settings import SettingError, Settings, dsn_place, mask_secret  # noqa: E402
 from lib.store.db import DB, behind_pooler, is_conn_failure, is_database_error  # noqa: E402
 from lib.store.forks import refuse_fork  # noqa: E402
+from lib.store.group_commit import committer  # noqa: E402
 from lib.store.migrate import migrate  # noqa: E402
 from lib.store.wakeups import Listener  # noqa: E402
 
@@ -344,21 +346,10 @@ def run(
     supervisor = supervisor or Supervisor(stop)
     # One report for an outage of the database, not one per queue or part.
     outage = Outage("database")
-    pollers, registered, declaring = _start_pollers(db, registry, settings.queues)
-    declaring.outage = outage
+    pollers, registered, declaring = _start_pollers(db, registry, settings.queues, outage)
     # Before any part starts: a start-up report, not a step in their timing.
     _say_unrun(db, registered)
     legacy_age = max((p.job_timeout for p in pollers), default=600.0) + 60
-    leases = Leases(db, lease=settings.lease_seconds, legacy_age=legacy_age)
-    leases.outage = outage
-    handles = [(p.queue, p.handles) for p in pollers]
-    leases.seen = worker_registry.register(db, leases.worker_id, [p.queue for p in pollers], leases.lease, handles)
-    for poller in pollers:
-        poller.outage = outage
-        poller.leases = leases
-    slots = sum(p.concurrency for p in pollers)
-    if slots > len(pollers):
-        db.grow(slots - len(pollers))
     listen_url = settings.listen_url(db.dsn)
     if listen_url is None:
         log.warning(
@@ -366,9 +357,24 @@ def run(
             " every queue polls every %gs (JOBS_POLL_INTERVAL)",
             settings.queue_poll_interval(listening=False),
         )
-    poll = settings.queue_poll_interval(listening=listen_url is not None)
-    for poller in pollers:
-        poller.poll_interval = min(poller.poll_interval, poll or poller.poll_interval)
+    worker_id = new_worker_id()
+    handles = [(p.queue, p.handles) for p in pollers]
+    seen = worker_registry.register(db, worker_id, [p.queue for p in pollers], settings.lease_seconds, handles)
+    leases = Leases(
+        db, worker_id=worker_id, lease=settings.lease_seconds, legacy_age=legacy_age, outage=outage, seen=seen
+    )
+    runtime = Runtime(
+        leases,
+        committer(db),
+        outage=outage,
+        poll_interval=settings.queue_poll_interval(listening=listen_url is not None),
+    )
+    # Built again on what the worker's pollers share (its lease keeper, its
+    # outage report, its writers), as the registry built each alone.
+    pollers = [p.bound(runtime) for p in pollers]
+    slots = sum(p.concurrency for p in pollers)
+    if slots > len(pollers):
+        db.grow(slots - len(pollers))
     listener = (
         Listener(
             listen_url,
@@ -431,7 +437,7 @@ def run(
     if left:
         log.warning("shutdown window closed; interrupting %d running jobs", len(left))
         gevent.killall(left, timeout=10)
-    FINALIZING.join(timeout=30)
+    runtime.writers.join(timeout=30)
     gevent.killall(helpers)
     worker_registry.unregister(db, leases.worker_id)
     log.info("stopped")
@@ -464,7 +470,7 @@ def _router(pollers: Sequence[Poller]) -> Callable[[str], None]:
 
 
 def _start_pollers(
-    db: DB, registry: Registry, only: frozenset[str] | None = None
+    db: DB, registry: Registry, only: frozenset[str] | None = None, outage: Outage | None = None
 ) -> tuple[list[Poller], list[str], dedupe.Waiting]:
     """Build the pollers; say once which queues are off and why, declare the
     job names that dedupe, and end the pauses a rejected token caused (this
@@ -474,7 +480,7 @@ def _start_pollers(
     queue that does not exist), and the declarations that must wait for
     transactions that wrote jobs, for the worker to retry while it runs."""
     pollers, registered = [], []
-    declaring = dedupe.Waiting(db)
+    declaring = dedupe.Waiting(db, outage)
     made = setup_check.built(registry, db)
     unknown = sorted((only or set()) - {p.queue for p in made})
     if unknown:

@@ -179,12 +179,12 @@ class Side:
 
 
 def claim_params() -> dict[str, Any]:
-    # As Poller._claim_params builds them for slot 0 of a queue of one slot.
+    # As Claimer.params builds them for slot 0 of a queue of one slot.
     return {"queue": QUEUE, "id": None, "slot": 0, "worker_id": WORKER_ID, "lease": LEASE, "max_attempts": 1}
 
 
 def finalize_params(job_id: int, attempts: int) -> dict[str, Any]:
-    # As Poller._outcome_params builds them for an "ok" outcome with no throttle.
+    # As Writer.outcome_params builds them for an "ok" outcome with no throttle.
     return {
         "id": job_id,
         "worker_id": WORKER_ID,

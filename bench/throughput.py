@@ -51,7 +51,8 @@ from bench.common import (
     scratch_database,
 )
 from lib.insert import Job, insert_many
-from lib.run.poller import PendingJob, Poller
+from lib.job import PendingJob
+from lib.run.poller import Poller
 from lib.store.db import DB
 
 TARGET_RATIO = 1 / 3

@@ -52,7 +52,8 @@ from bench.common import (
     run_record,
     scratch_database,
 )
-from lib.run.poller import PendingJob, Poller
+from lib.job import PendingJob
+from lib.run.poller import Poller
 from lib.store.db import DB
 from lib.store.wakeups import Listener
 

@@ -15,7 +15,9 @@ from tests_support import count_jobs, poll_until, updates_held, wait_for, waitin
 import lib.greenlets.standby
 import worker
 from lib.insert import insert
-from lib.run.poller import FINALIZING, Outcome, Poller
+from lib.run.outcome import Outcome
+from lib.run.poller import Poller
+from lib.run.runtime import Runtime
 from lib.setup.settings import Settings
 from lib.store.db import DB, NoReply
 from lib.store.group_commit import array_literal
@@ -37,23 +39,22 @@ def test_a_throttling_outcome_in_flight_holds_back_another_process_claim(db, oth
     """The two-connection interleaving: A's outcome (throttle 0.5 s) is written
     but not committed; B claims meanwhile, A commits, B claims again. B never
     starts the next job before A's outcome plus the throttle."""
-    a = Poller("t", db, {"t.N": lambda job: "ok"})
-    b = Poller("t", other, {"t.N": lambda job: "ok"})
-    a.worker_id, b.worker_id = "a", "b"
+    a = Poller("t", db, {"t.N": lambda job: "ok"}, runtime=Runtime.alone(db, worker_id="a"))
+    b = Poller("t", other, {"t.N": lambda job: "ok"}, runtime=Runtime.alone(other, worker_id="b"))
     first, second = insert(db, "t", "t.N"), insert(db, "t", "t.N")
     job = a.claim()
     assert job.id == first
     conn = psycopg2.connect(database_url)
     try:
         with conn.cursor() as cur:
-            cur.execute(Q.job_finalize, a._outcome_params(job, Outcome("ok"), 0.5))
+            cur.execute(Q.job_finalize, a.writer.outcome_params(job, Outcome("ok"), 0.5))
             assert cur.fetchone() == (1,)
             # A's outcome is in flight: B's claim neither waits for it nor passes the gate.
-            assert b._claim(None, 0) == (None, 0.05)
+            assert b.claimer.claim(None, 0) == (None, 0.05)
         conn.commit()
     finally:
         conn.close()
-    looked, wait = b._claim(None, 0)
+    looked, wait = b.claimer.claim(None, 0)
     assert looked is None and 0.3 < wait <= 0.5
     wait_for(lambda: b.claim() is not None)
     gap = db.query_row(
@@ -66,9 +67,16 @@ def test_a_throttling_outcome_in_flight_holds_back_another_process_claim(db, oth
 def test_the_throttle_holds_across_three_processes(db, database_url):
     pools = [DB(database_url, size=3, application_name=f"jobs-p{n}") for n in range(3)]
     try:
-        pollers = [Poller("t3", pool, {"t3.N": lambda job: "ok"}, throttle=lambda *_: 0.2) for pool in pools]
-        for n, poller in enumerate(pollers):
-            poller.worker_id = f"p{n}"
+        pollers = [
+            Poller(
+                "t3",
+                pool,
+                {"t3.N": lambda job: "ok"},
+                throttle=lambda *_: 0.2,
+                runtime=Runtime.alone(pool, worker_id=f"p{n}"),
+            )
+            for n, pool in enumerate(pools)
+        ]
         for _ in range(8):
             insert(db, "t3", "t3.N")
         poll_until(pollers, lambda: count_jobs(db, "status = 'ok'") == 8)
@@ -86,8 +94,8 @@ def test_forty_queues_share_their_round_trips(db):
     for n in range(40):
         for _ in range(10):
             insert(db, f"g{n:02}", "g.N")
-    commit = pollers[0].commit
-    assert all(p.commit is commit for p in pollers)  # one committer per pool: per process
+    commit = pollers[0].completer
+    assert all(p.completer is commit for p in pollers)  # one committer per pool: per process
     before_batches, before_asks = commit.batches, commit.asks
     poll_until(pollers, lambda: count_jobs(db, "status = 'ok'") == 400)
     batches, asks = commit.batches - before_batches, commit.asks - before_asks
@@ -118,9 +126,8 @@ def test_the_database_holds_a_queue_to_its_concurrency_across_processes(db, othe
         live["n"] -= 1
         return "ok"
 
-    a = Poller("c2", db, {"c2.N": handler}, concurrency=2)
-    b = Poller("c2", other, {"c2.N": handler}, concurrency=2)
-    a.worker_id, b.worker_id = "a", "b"
+    a = Poller("c2", db, {"c2.N": handler}, concurrency=2, runtime=Runtime.alone(db, worker_id="a"))
+    b = Poller("c2", other, {"c2.N": handler}, concurrency=2, runtime=Runtime.alone(other, worker_id="b"))
     for _ in range(30):
         insert(db, "c2", "c2.N")
 
@@ -130,7 +137,7 @@ def test_the_database_holds_a_queue_to_its_concurrency_across_processes(db, othe
 
     poll_until([a, b], done)
     assert peak["n"] == 2
-    assert b.commit.asks > 10
+    assert b.completer.asks > 10
 
 
 def test_a_held_head_row_is_never_passed_over(db, database_url):
@@ -140,7 +147,7 @@ def test_a_held_head_row_is_never_passed_over(db, database_url):
     try:
         with conn.cursor() as cur:
             cur.execute("SELECT 1 FROM jobs WHERE id = %s FOR UPDATE", (head,))
-            assert poller._claim(None, 0) == (None, 0.05)  # look again shortly; job 2 stays
+            assert poller.claimer.claim(None, 0) == (None, 0.05)  # look again shortly; job 2 stays
             assert db.query_row("SELECT status FROM jobs WHERE id = %s", (second,)) == ("pending",)
         conn.rollback()  # answered once the lock is gone, which a close is not
     finally:
@@ -219,12 +226,12 @@ def test_an_idle_forty_queue_worker_holds_at_most_three_connections(db, database
 def test_a_fault_in_the_committer_reaches_its_asks_and_the_next_batch_goes_on(db, caplog):
     poller = Poller("bug", db, {"bug.N": lambda job: "ok"})
     insert(db, "bug", "bug.N")
-    answer = poller.commit._round_trip
-    poller.commit._round_trip = lambda asks: [("bug",)]  # a row the batch's answers cannot be read from
+    answer = poller.completer._round_trip
+    poller.completer._round_trip = lambda asks: [("bug",)]  # a row the batch's answers cannot be read from
     with pytest.raises(IndexError), gevent.Timeout(10):
         poller.claim()
     assert "group commit failed" in caplog.text
-    poller.commit._round_trip = answer
+    poller.completer._round_trip = answer
     assert poller.claim() is not None
 
 
@@ -248,8 +255,8 @@ def test_a_serial_queue_sends_each_outcome_from_its_writer_without_the_sender(db
     poller = Poller("s", db, {"s.N": lambda job: "ok"})
     for _ in range(20):
         insert(db, "s", "s.N")
-    batches = calls_of(poller.commit, "_commit")
-    writes = calls_of(poller, "_write_outcome")
+    batches = calls_of(poller.completer, "_commit")
+    writes = calls_of(poller.writer, "_write")
     poll_until([poller], lambda: count_jobs(db, "status = 'ok'") == 20)
     # The greenlet that sent each batch carrying an outcome: one a job, each alone.
     senders = [g for g, (asks,) in batches if any(ask.outcome is not None for ask in asks)]
@@ -267,13 +274,13 @@ def test_a_lone_outcome_cut_off_in_its_greenlet_leaves_the_committer_sending(db,
     first = insert(db, "cut", "cut.N")
     job = poller.claim()
     assert job is not None and job.id == first
-    commit = poller.commit
+    commit = poller.completer
     wait_for(lambda: commit._sender._greenlet.dead, timeout=5)
     batches = calls_of(commit, "_commit")
     with updates_held(db, database_url, GATE, f"NEW.id = {first} AND NEW.status = 'ok'"):
-        writing = gevent.spawn(commit.send, poller._outcome_params(job, Outcome("ok"), 0.0), None)
+        writing = gevent.spawn(commit.send, poller.writer.outcome_params(job, Outcome("ok"), 0.0), None)
         wait_for(lambda: waiting_on(db, "advisory"), timeout=10)
-        claiming = gevent.spawn(commit.send, None, poller._claim_params(None, 0))
+        claiming = gevent.spawn(commit.send, None, poller.claimer.params(None, 0))
         gevent.sleep(0)  # it queues behind the batch on its way
         assert not claiming.ready()
         writing.kill()
@@ -283,7 +290,7 @@ def test_a_lone_outcome_cut_off_in_its_greenlet_leaves_the_committer_sending(db,
         reply = claiming.get(timeout=10)
         assert reply.row is not None and reply.row[0] is None
         with gevent.Timeout(10):
-            assert commit.send(None, poller._claim_params(None, 0)).row is not None
+            assert commit.send(None, poller.claimer.params(None, 0)).row is not None
 
 
 def test_asks_of_one_turn_go_together_from_a_sender_that_leaves_once_idle(db, monkeypatch):
@@ -296,7 +303,7 @@ def test_asks_of_one_turn_go_together_from_a_sender_that_leaves_once_idle(db, mo
     pollers = [Poller(f"t{n}", db, {"t.N": lambda job: "ok"}) for n in range(3)]
     for poller in pollers:
         insert(db, poller.queue, "t.N")
-    batches = calls_of(pollers[0].commit, "_commit")
+    batches = calls_of(pollers[0].completer, "_commit")
 
     def together(ask):
         asking = [gevent.spawn(ask, p) for p in pollers]
@@ -305,7 +312,7 @@ def test_asks_of_one_turn_go_together_from_a_sender_that_leaves_once_idle(db, mo
 
     claimed = together(lambda p: p.claim())
     assert all(job is not None for job in claimed)
-    together(lambda p: p.commit.send(p._outcome_params(claimed[pollers.index(p)], Outcome("ok"), 0.0), None))
+    together(lambda p: p.completer.send(p.writer.outcome_params(claimed[pollers.index(p)], Outcome("ok"), 0.0), None))
     assert [len(asks) for _, (asks,) in batches] == [3, 3]
     sender = batches[0][0]
     assert batches[1][0] is sender
@@ -326,14 +333,14 @@ def test_a_slot_writes_its_outcomes_from_one_greenlet_that_ends_with_the_slot(db
     poller = Poller("w", db, {"w.N": lambda job: "ok"})
     for _ in range(10):
         insert(db, "w", "w.N")
-    writes = calls_of(poller, "_write_outcome")
+    writes = calls_of(poller.writer, "_write")
     polling = calls_of(poller, "run_slot")
     poll_until([poller], lambda: count_jobs(db, "status = 'ok'") == 10)
     writers = [g for g, _ in writes]
     assert len(writers) == 10 and len(set(writers)) == 1
     assert writers[0] not in [g for g, _ in polling]
     # Gone from the group the worker waits for at shutdown, long before LINGER.
-    wait_for(lambda: writers[0].dead and len(FINALIZING) == 0, timeout=2)
+    wait_for(lambda: writers[0].dead and len(poller.runtime.writers) == 0, timeout=2)
 
 
 def test_an_outcome_the_driver_cannot_send_fails_alone(db):
@@ -346,13 +353,15 @@ def test_an_outcome_the_driver_cannot_send_fails_alone(db):
         jobs.append(poller.claim())
     bad = Outcome("err: boom", RuntimeError("boom"), traceback="line\x00 with a NUL")
     asks = [
-        gevent.spawn(p.commit.send, p._outcome_params(job, bad if p is pollers[0] else Outcome("ok"), 0.0), None)
+        gevent.spawn(
+            p.completer.send, p.writer.outcome_params(job, bad if p is pollers[0] else Outcome("ok"), 0.0), None
+        )
         for p, job in zip(pollers, jobs, strict=True)
     ]
     gevent.joinall(asks, timeout=10)
     assert isinstance(asks[0].exception, ValueError)
     assert [a.value.written for a in asks[1:]] == [True, True]
-    assert pollers[0].commit.batches >= 4  # the batch, then each ask alone
+    assert pollers[0].completer.batches >= 4  # the batch, then each ask alone
 
 
 def test_a_batch_column_reaches_the_server_as_it_was(db):

@@ -15,9 +15,12 @@ import pytest
 from gevent.event import Event
 from tests_support import ROOT, count_jobs, wait_for
 
+import lib.run.outcome
 from lib.insert import insert
+from lib.job import PendingJob, Snooze
 from lib.job import status as st
-from lib.run.poller import Outcome, PendingJob, Poller, Snooze
+from lib.run.outcome import Outcome, Snoozed, decide
+from lib.run.poller import Poller, throttle_pause
 from lib.setup import counters
 from lib.store.db import DB
 from lib.store.group_commit import Ask, batch_step
@@ -105,10 +108,10 @@ def test_a_fault_between_the_handler_and_the_write_still_ends_the_job(db, monkey
     saying the worker could not record it, and the queue goes on."""
     poller = Poller("q", db, {"q.N": _ok})
 
-    def broken(job: PendingJob, result: object) -> Outcome:
+    def broken(happened: object, attempts: int, max_attempts: int, *, retry_base: float) -> Outcome:
         raise RuntimeError("a bug in the outcome")
 
-    monkeypatch.setattr(poller, "_outcome", broken)
+    monkeypatch.setattr(lib.run.outcome, "decide", broken)
     ids = [insert(db, "q", "q.N") for _ in range(2)]
     _work_until(poller, lambda: count_jobs(db, UNFINISHED) == 0)
     rows = _rows(db)
@@ -221,7 +224,7 @@ def test_a_snooze_of_another_kind_of_number_is_a_float_and_stores_a_retry_that_f
     assert (status, attempts_left) == ("pending", 1)  # the attempt not counted
     assert 0.5 < due_in <= 1.5
     # Its outcome goes in a batch of the group commit with other outcomes.
-    params = poller._outcome_params(job, poller._outcome(job, snooze), 0.0)
+    params = poller.writer.outcome_params(job, decide(Snoozed(snooze), job.attempts, job.max_attempts), 0.0)
     batch_step([Ask(params, None), Ask({**params, "id": job_id + 1}, None)])
 
 
@@ -260,7 +263,7 @@ def test_a_snooze_of_what_is_no_number_of_seconds_is_that_jobs_own_error(db, sec
 )
 def test_the_throttles_answer_is_a_plain_float_or_no_pause(db, answer, pause):
     poller = Poller("q", db, {"q.N": _ok}, throttle=lambda status, error, elapsed: answer)
-    delay = poller._delay(Outcome("ok"), 0.0)
+    delay = throttle_pause(poller.throttle, poller.queue, Outcome("ok"), 0.0)
     assert type(delay) is float and delay == pause
 
 

@@ -12,6 +12,7 @@ from lib.background import worker_registry
 from lib.background.leases import Leases, new_worker_id
 from lib.insert import insert
 from lib.run.poller import Poller
+from lib.run.runtime import Runtime
 
 
 def test_a_worker_id_is_made_per_start_not_per_import(db):
@@ -37,9 +38,8 @@ def test_a_job_is_fenced_once_its_lease_may_lapse_unrenewed(db):
 
 
 def test_a_renewal_moves_the_fence_and_a_row_rescued_elsewhere_is_not_renewed(db):
-    poller = Poller("q", db, {"q.N": lambda job: "ok"})
+    poller = Poller("q", db, {"q.N": lambda job: "ok"}, runtime=Runtime.alone(db, lease=30))
     leases = poller.leases
-    leases.lease = 30
     insert(db, "q", "q.N")
     insert(db, "q", "q.N")
     mine, taken = poller.claim(), Poller("q", db, {"q.N": lambda job: "ok"}, concurrency=2).claim(slot=1)

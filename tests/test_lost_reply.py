@@ -9,9 +9,10 @@ from gevent.event import Event
 from proxy import Proxy
 from tests_support import wait_for
 
-import lib.run.poller
+import lib.run.write
 from lib.insert import insert
 from lib.run.poller import Poller
+from lib.run.runtime import Runtime
 from lib.store.db import DB
 
 LONG_LEASE = 120.0  # a job left to its lease would sit this long
@@ -52,8 +53,7 @@ def test_the_next_job_claimed_with_an_outcome_whose_reply_was_lost_runs_here(db,
         return "ok"
 
     handlers = {"lost.Warm": lambda job: "ok", "lost.First": first, "lost.Next": lambda job: ran.append(job.id) or "ok"}
-    poller = Poller("lost", pool, handlers)
-    poller.lease = LONG_LEASE
+    poller = Poller("lost", pool, handlers, runtime=Runtime.alone(pool, lease=LONG_LEASE))
     # The warm-up job's outcome prepares the statements on the connection, so
     # the reply dropped is the combined write's, not a PREPARE's.
     insert(db, "lost", "lost.Warm")
@@ -72,8 +72,8 @@ def test_the_next_job_claimed_with_an_outcome_whose_reply_was_lost_runs_here(db,
 def test_a_job_whose_claim_reply_was_lost_runs_here(db, proxied):
     proxy, pool = proxied
     ran = []
-    poller = Poller("lost", pool, {"lost.N": lambda job: ran.append(job.id) or "ok"}, poll_interval=60)
-    poller.lease = LONG_LEASE
+    runtime = Runtime.alone(pool, lease=LONG_LEASE)
+    poller = Poller("lost", pool, {"lost.N": lambda job: ran.append(job.id) or "ok"}, poll_interval=60, runtime=runtime)
     stop, loop = _polling(poller)
     try:
         # The loop's first claim found nothing; it sleeps until woken.
@@ -94,10 +94,11 @@ def test_a_claim_that_timed_out_on_a_row_lock_is_ended_not_orphaned(db, database
     session holds on the next row. The server would go on and commit that
     claim once the lock is released, for nobody; the worker ends that server
     process first, writes the outcome alone, and later claims the row itself."""
-    monkeypatch.setattr(lib.run.poller, "FINALIZE_TIMEOUT", 1.0)
+    monkeypatch.setattr(lib.run.write, "FINALIZE_TIMEOUT", 1.0)
     ran = []
-    poller = Poller("locked", db, {"locked.N": lambda job: ran.append(job.id) or "ok"})
-    poller.lease = LONG_LEASE
+    poller = Poller(
+        "locked", db, {"locked.N": lambda job: ran.append(job.id) or "ok"}, runtime=Runtime.alone(db, lease=LONG_LEASE)
+    )
     a, b = insert(db, "locked", "locked.N"), insert(db, "locked", "locked.N")
     locker = psycopg2.connect(database_url)
     try:

@@ -20,9 +20,10 @@ from lib.greenlets.supervise import Supervisor
 from lib.http import metrics
 from lib.http.httpd import Health, make_app
 from lib.insert import insert
+from lib.job import Snooze
 from lib.operate import overview
 from lib.operate.queue_state import pause
-from lib.run.poller import Poller, Snooze
+from lib.run.poller import Poller
 from lib.store.db import DB, is_conn_failure
 from lib.store.sql import STATEMENTS, Q, statement
 from lib.store.wakeups import Listener

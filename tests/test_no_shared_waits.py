@@ -21,7 +21,8 @@ from tests_support import wait_for, waiting_on
 from lib.background.leases import Leases
 from lib.insert import MAX_NAME_CHARS, InvalidJob, insert
 from lib.job import status as st
-from lib.run.poller import Outcome, Poller
+from lib.run.outcome import Outcome
+from lib.run.poller import Poller
 from lib.store.db import DB, Unsendable, deadline_connection
 
 # A native thread, as the lease renewal's (threading's is a greenlet once patched).
@@ -114,7 +115,9 @@ def test_a_batch_writes_every_outcome_but_one_whose_row_another_transaction_hold
     claimed = _claimed(db, ["a", "b", "c"])
     held_job = claimed[1][1]
     with row_held(database_url, held_job.id), gevent.Timeout(5):
-        asks = [gevent.spawn(p.commit.send, p._outcome_params(job, Outcome("ok"), 0.0), None) for p, job in claimed]
+        asks = [
+            gevent.spawn(p.completer.send, p.writer.outcome_params(job, Outcome("ok"), 0.0), None) for p, job in claimed
+        ]
         gevent.joinall(asks, raise_error=True)
         assert not waiting_on(db, "transactionid")
     replies = [a.value for a in asks]
@@ -155,7 +158,10 @@ def test_a_throttling_outcome_whose_queue_row_is_held_waits_on_nothing(db, datab
         with conn.cursor() as cur:
             cur.execute("UPDATE job_queues SET paused_until = NULL WHERE queue = 'a'")
         with gevent.Timeout(5):
-            asks = [gevent.spawn(p.commit.send, p._outcome_params(job, Outcome("ok"), 5.0), None) for p, job in claimed]
+            asks = [
+                gevent.spawn(p.completer.send, p.writer.outcome_params(job, Outcome("ok"), 5.0), None)
+                for p, job in claimed
+            ]
             gevent.joinall(asks, raise_error=True)
     finally:
         conn.rollback()
@@ -168,10 +174,10 @@ def test_a_value_one_ask_cannot_send_fails_that_ask_alone(db):
     object for a status): the batch goes again ask by ask; a Decimal is then
     written as the number it is, an object fails its own ask alone."""
     claimed = _claimed(db, ["a", "b", "c", "d"])
-    params = [p._outcome_params(job, Outcome("ok"), 0.0) for p, job in claimed]
+    params = [p.writer.outcome_params(job, Outcome("ok"), 0.0) for p, job in claimed]
     params[0]["delay"] = Decimal("1.5")
     params[2]["status"] = object()
-    asks = [gevent.spawn(p.commit.send, o, None) for (p, _), o in zip(claimed, params, strict=True)]
+    asks = [gevent.spawn(p.completer.send, o, None) for (p, _), o in zip(claimed, params, strict=True)]
     gevent.joinall(asks, timeout=10)
     assert isinstance(asks[2].exception, Unsendable)
     assert [a.value.written for i, a in enumerate(asks) if i != 2] == [True, True, True]

@@ -6,7 +6,8 @@ from proxy import Proxy
 from tests_support import count_jobs, read_until, start_worker, wait_for
 
 from lib.insert import insert
-from lib.run.poller import FINALIZING, Poller
+from lib.run.poller import Poller
+from lib.run.runtime import Runtime
 from lib.setup.errors import Outage
 from lib.store.db import DB
 
@@ -23,9 +24,10 @@ def test_unreachable_database_is_one_event_for_the_whole_outage(database_url, db
     proxy = Proxy(database_url)
     pool = DB.connect(proxy.url, size=4, checkout_timeout=2)
     outage = Outage("fetch pending jobs")
+    runtime = Runtime.alone(pool, outage=outage)
     done = []
     pollers = [
-        Poller(q, pool, {f"{q}.N": lambda job: done.append(job.id) or "ok"}, poll_interval=0.1, outage=outage)
+        Poller(q, pool, {f"{q}.N": lambda job: done.append(job.id) or "ok"}, poll_interval=0.1, runtime=runtime)
         for q in ("a", "b", "c")
     ]
     stop = Event()
@@ -36,7 +38,7 @@ def test_unreachable_database_is_one_event_for_the_whole_outage(database_url, db
         # All three work through the proxy, and no outcome write is still
         # waiting for its answer: a write cut off by the outage would be a
         # failure of its own (reported apart) and hold its queue's slot.
-        _wait_for(lambda: count_jobs(db, "status = 'ok'") == 3 and len(FINALIZING) == 0)
+        _wait_for(lambda: count_jobs(db, "status = 'ok'") == 3 and len(runtime.writers) == 0)
         proxy.down()
         with caplog.at_level(logging.WARNING):
             # Every poller fails several cycles (the first retry comes after 1 s).

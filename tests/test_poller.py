@@ -16,6 +16,7 @@ from lib.insert import insert
 from lib.job import status as st
 from lib.job.args import ArgsError, unmarshal_args
 from lib.run.poller import Poller
+from lib.run.runtime import Runtime
 from lib.store.db import DB
 
 # The advisory lock a test's trigger waits on. Advisory locks belong to one
@@ -289,9 +290,8 @@ def test_finalize_that_keeps_failing_is_tried_for_a_lease_past_its_own_then_left
         "END IF; RETURN NEW; END $$"
     )
     db.exec("CREATE TRIGGER doomed_finalize BEFORE UPDATE ON jobs FOR EACH ROW EXECUTE FUNCTION doomed_finalize()")
-    poller = Poller("q", db, {"q.N": lambda job: st.ok("doomed")})
     # Nothing renews it here: the lease holds for 1 s from the claim, fenced 0.1 s early.
-    poller.lease = 1.0
+    poller = Poller("q", db, {"q.N": lambda job: st.ok("doomed")}, runtime=Runtime.alone(db, lease=1.0))
     poller.leases.margin = 0.1
     job_id = insert(db, "q", "q.N")
     try:
@@ -347,11 +347,10 @@ def test_rescue_takes_expired_leases_only(db):
 
 
 def test_heartbeat_renews_only_running_jobs(db):
-    poller = Poller("q", db, {"q.N": lambda job: "ok"})
+    poller = Poller("q", db, {"q.N": lambda job: "ok"}, runtime=Runtime.alone(db, lease=120))
     insert(db, "q", "q.N")
     job = poller.claim()
     db.exec("UPDATE jobs SET lease_until = now() + interval '1 second'")
-    poller.lease = 120
     poller.leases.hold(job.id, time.monotonic(), lambda: None)
     assert poller.leases.heartbeat() == 1
     assert db.query_row("SELECT lease_until > now() + interval '100 seconds' FROM jobs") == (True,)
@@ -459,8 +458,8 @@ def test_when_the_claim_sent_with_an_outcome_fails_the_outcome_is_written_alone(
     job = poller.claim()
     # A lease the server cannot add to now(): the claim half fails with a real
     # server error and takes the whole transaction with it.
-    poller.lease = 1e300
-    status, looked = poller._work(job, 0, None, Event())
+    poller.leases.lease = 1e300
+    status, looked = poller.work(job, slot=0, wakeup=Event())
     assert (status, looked) == ("ok", None)  # the write went alone, and did not look
     assert dict(db.query("SELECT id, status FROM jobs")) == {first: "ok", second: "pending"}
 
@@ -469,7 +468,7 @@ def test_a_claimed_job_that_never_ran_is_given_back(db):
     poller = Poller("q", db, {"q.N": lambda job: "ok"}, max_attempts=2)
     job_id = insert(db, "q", "q.N")
     job = poller.claim()
-    poller._release(job)
+    poller.releaser.release(job)
     assert db.query_row("SELECT status, attempts, worker_id, slot FROM jobs WHERE id = %s", (job_id,)) == (
         "pending",
         0,
@@ -492,15 +491,14 @@ def test_racing_claimers_keep_fifo(db, database_url):
     try:
         head, second = insert(db, "q", "q.N"), insert(db, "q", "q.N")
         other = DB(database_url, size=2)
-        a = Poller("q", db, {"q.N": lambda job: "ok"})
-        b = Poller("q", other, {"q.N": lambda job: "ok"})
-        a.worker_id, b.worker_id = "a", "b"
+        a = Poller("q", db, {"q.N": lambda job: "ok"}, runtime=Runtime.alone(db, worker_id="a"))
+        b = Poller("q", other, {"q.N": lambda job: "ok"}, runtime=Runtime.alone(other, worker_id="b"))
         with Gate(database_url, GATE) as gate, gevent.Timeout(20):
             claiming_a = gevent.spawn(a.claim)
             # a waits at the gate inside its update: it holds the head's row lock now.
             wait_for(lambda: waiting_on(db, "advisory"))
             # b neither waits behind a nor takes the row after a's.
-            assert b._claim(None, 0) == (None, 0.05)
+            assert b.claimer.claim(None, 0) == (None, 0.05)
             gate.open()
             assert claiming_a.get().id == head
         assert dict(db.query("SELECT id, status FROM jobs")) == {head: "started", second: "pending"}
@@ -512,8 +510,7 @@ def test_racing_claimers_keep_fifo(db, database_url):
 def test_a_job_longer_than_its_lease_is_never_rescued_while_it_runs(db):
     """Lease 3 s, job 4.5 s: the heartbeat renews it, another process's rescue
     passes it over, and the outcome is written."""
-    poller = Poller("long", db, {"long.N": lambda job: gevent.sleep(4.5) or "ok"})
-    poller.lease = 3.0
+    poller = Poller("long", db, {"long.N": lambda job: gevent.sleep(4.5) or "ok"}, runtime=Runtime.alone(db, lease=3.0))
     mine = poller.leases
     elsewhere = Leases(db, worker_id="another-process")
     job_id = insert(db, "long", "long.N")
@@ -539,14 +536,14 @@ def test_a_job_longer_than_its_lease_is_never_rescued_while_it_runs(db):
 def record_batches(poller: Poller) -> list[str]:
     """What each of the poller's group commits carried, as it goes to the server."""
     sent: list[str] = []
-    round_trip = poller.commit._round_trip
+    round_trip = poller.completer._round_trip
 
     def recording(asks):
         outcomes = ["finalize"] * sum(a.outcome is not None for a in asks)
         sent.append("+".join(outcomes + ["claim"] * sum(a.claim is not None for a in asks)))
         return round_trip(asks)
 
-    poller.commit._round_trip = recording
+    poller.completer._round_trip = recording
     return sent
 
 

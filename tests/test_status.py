@@ -54,8 +54,9 @@ def test_every_status_the_code_writes_parses(db):
 
     from lib.background.leases import Leases
     from lib.insert import insert
+    from lib.job import Snooze
     from lib.operate.redrive import redrive
-    from lib.run.poller import Poller, Snooze
+    from lib.run.poller import Poller
 
     hanging = Event()
 

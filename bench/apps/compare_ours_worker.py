@@ -23,7 +23,8 @@ from compare_support import OURS_JOB_NAME as JOB_NAME  # noqa: E402
 from compare_support import Starts, worker_parser  # noqa: E402
 
 import worker  # noqa: E402
-from lib.run.poller import PendingJob, Poller  # noqa: E402
+from lib.job import PendingJob  # noqa: E402
+from lib.run.poller import Poller  # noqa: E402
 from lib.store.db import DB  # noqa: E402
 
 

@@ -29,7 +29,8 @@ import psycopg2  # noqa: E402
 import psycopg2.extensions  # noqa: E402
 
 import worker  # noqa: E402
-from lib.run.poller import PendingJob, Poller  # noqa: E402
+from lib.job import PendingJob  # noqa: E402
+from lib.run.poller import Poller  # noqa: E402
 from lib.store.db import DB  # noqa: E402
 from queues.schedule import SCHEDULE  # noqa: E402
 

@@ -81,6 +81,8 @@ class Leases:
         worker_id: str | None = None,
         lease: float = LEASE_SECONDS,
         legacy_age: float = 660.0,
+        outage: Outage | None = None,
+        seen: Callable[[Any], None] | None = None,
     ) -> None:
         if not lease > 0:
             raise ValueError(f"the lease must be a positive number of seconds, got {lease!r}")
@@ -97,11 +99,11 @@ class Leases:
         self.held: dict[int, Held] = {}
         # Shared with the rest of the worker (the renewal thread included):
         # an outage of the database is one report, whoever meets it.
-        self.outage = Outage("leases")
+        self.outage = outage or Outage("leases")
         # Run inside each rescue's transaction, given it: the worker
         # registry's refresh (lib/background/worker_registry.py), passed in so this module does
         # not depend on it. One commit for both.
-        self.seen: Callable[[Any], None] = lambda runner: None
+        self.seen: Callable[[Any], None] = seen or (lambda runner: None)
         # How long a rescue or a renewal may wait for the server: well inside
         # the margin a fence leaves, so a renewal that cannot get through is
         # given up on and tried again while the lease still holds.

@@ -1,3 +1,5 @@
-"""The run pipeline: a queue's poller waits for work, claims the head of its
-queue, runs the handler under the lease's fence and the job timeout, decides
-the outcome, and hands it to the store to write."""
+"""The run pipeline, one module per stage, called in order by the poller's
+loop (poller.py): claim the head of the queue (claim.py), run the handler
+under the lease's fence and the job timeout (execute.py), decide the outcome
+(outcome.py), and hand it to the completer to write (write.py, completer.py).
+What the pollers of a worker share is its Runtime (runtime.py)."""

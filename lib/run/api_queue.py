@@ -27,9 +27,9 @@ from lib.clients.base import (
     OutcomeUnknown,
 )
 from lib.greenlets.backoff import backoff
-from lib.job import status
+from lib.job import Handler, PendingJob, Snooze, status
 from lib.operate.queue_state import AUTH_PREFIX
-from lib.run.poller import Handler, PendingJob, Poller, Snooze
+from lib.run.poller import Poller
 from lib.setup.errors import Outage, capture, describe, reported
 from lib.store.db import DB
 from lib.store.sql import Q

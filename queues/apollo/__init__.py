@@ -32,10 +32,10 @@ from typing import Any
 
 from lib.clients import ApolloClient
 from lib.clients.base import BadInputError, NotFoundError
-from lib.job import status
+from lib.job import PendingJob, status
 from lib.job.args import unmarshal_args
 from lib.run.api_queue import make_api_worker, throttle_for
-from lib.run.poller import PendingJob, Poller
+from lib.run.poller import Poller
 from lib.store.db import DB
 from lib.store.sql import Q
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from lib.job import status
-from lib.run.poller import PendingJob, Poller
+from lib.job import PendingJob, status
+from lib.run.poller import Poller
 from lib.store.db import DB
 from lib.store.sql import Q
 

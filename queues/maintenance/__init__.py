@@ -10,8 +10,8 @@ from __future__ import annotations
 import logging
 
 from lib.background import worker_registry
-from lib.job import status
-from lib.run.poller import PendingJob, Poller
+from lib.job import PendingJob, status
+from lib.run.poller import Poller
 from lib.setup.settings import DEFAULT_RETENTION_DAYS
 from lib.store.db import DB
 from lib.store.sql import Q

@@ -21,8 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import gevent  # noqa: E402
 
 import worker  # noqa: E402
-from lib.job import status  # noqa: E402
-from lib.run.poller import PendingJob, Poller  # noqa: E402
+from lib.job import PendingJob, status  # noqa: E402
+from lib.run.poller import Poller  # noqa: E402
 from lib.store.db import DB  # noqa: E402
 
 CONCURRENCY = int(os.environ.get("BLIP_CONCURRENCY", "8"))

@@ -17,8 +17,8 @@ from pathlib import Path  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import worker  # noqa: E402
-from lib.job import status  # noqa: E402
-from lib.run.poller import PendingJob, Poller  # noqa: E402
+from lib.job import PendingJob, status  # noqa: E402
+from lib.run.poller import Poller  # noqa: E402
 from lib.store.db import DB  # noqa: E402
 
 DEDUPE = {name for name in os.environ.get("DEDUPE_NAMES", "").split(",") if name}

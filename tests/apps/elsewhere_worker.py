@@ -22,9 +22,9 @@ from pathlib import Path  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import worker  # noqa: E402
-from lib.job import status  # noqa: E402
+from lib.job import PendingJob, status  # noqa: E402
 from lib.job.args import unmarshal_args  # noqa: E402
-from lib.run.poller import PendingJob, Poller  # noqa: E402
+from lib.run.poller import Poller  # noqa: E402
 from lib.store.db import DB  # noqa: E402
 
 SETUP = os.environ.get("ELSEWHERE_SETUP", "ok")

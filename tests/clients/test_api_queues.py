@@ -20,6 +20,7 @@ from lib.insert import insert
 from lib.job import status as st
 from lib.operate.queue_state import AUTH_PREFIX, pause
 from lib.run.poller import Poller
+from lib.run.runtime import Runtime
 from lib.setup.settings import Settings
 from lib.store.db import DB
 from queues import anthropic, apollo, github, registry, slack
@@ -100,8 +101,7 @@ def test_two_401s_in_a_row_pause_the_queue_once_and_report_once(db, fake_api, se
     fake_api.reply(401, {"error": "invalid api key"})
     fake_api.reply(401, {"error": "invalid api key"})
     first = _apollo(db, fake_api, concurrency=2)
-    second = _apollo(db, fake_api, concurrency=2)
-    second.worker_id = "another-process"
+    second = _apollo(db, fake_api, concurrency=2, runtime=Runtime.alone(db, worker_id="another-process"))
     insert(db, "apollo", "apollo.EnrichOrganization", {"domain": "a.io"})
     insert(db, "apollo", "apollo.EnrichOrganization", {"domain": "b.io"})
     jobs = [first.claim(slot=0), second.claim(slot=1)]

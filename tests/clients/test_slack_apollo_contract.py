@@ -20,9 +20,10 @@ from lib.clients import ApolloClient, Outcome, SlackClient
 from lib.clients import slack as slack_client
 from lib.clients.base import OutcomeUnknown
 from lib.insert import insert
+from lib.job import PendingJob
 from lib.job import status as st
 from lib.operate.queue_state import AUTH_PREFIX
-from lib.run.poller import PendingJob
+from lib.run.runtime import Runtime
 from queues import apollo, slack
 
 POSTMESSAGE_DOC = "api.slack.com/methods/chat.postMessage, Errors table"
@@ -135,8 +136,7 @@ def test_missing_scope_pauses_the_queue_once_with_one_report(db: Any, fake_api: 
     fake_api.reply(200, {"ok": False, "error": "missing_scope"})
     fake_api.reply(200, {"ok": False, "error": "missing_scope"})
     first = _slack_worker(db, fake_api.url, concurrency=2)
-    second = _slack_worker(db, fake_api.url, concurrency=2)
-    second.worker_id = "another-process"
+    second = _slack_worker(db, fake_api.url, concurrency=2, runtime=Runtime.alone(db, worker_id="another-process"))
     insert(db, "slack", "slack.PostMessage", {"channel": "C1", "text": "a"})
     insert(db, "slack", "slack.PostMessage", {"channel": "C1", "text": "b"})
     jobs = [first.claim(slot=0), second.claim(slot=1)]

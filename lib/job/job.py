@@ -1,0 +1,67 @@
+"""The job a handler is given, the types of a handler and a throttle, and the
+Snooze a handler raises when it cannot work yet."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from lib.job import status as st
+from lib.setup.errors import describe, safe_text
+
+
+@dataclass(frozen=True)
+class PendingJob:
+    id: int
+    name: str
+    args: Any
+    attempts: int = 1
+    max_attempts: int = 1
+    callsite: str | None = None
+    latency: float = 0.0
+    # When the claim's reply came back (monotonic): the lease holds from about then.
+    claimed_at: float = 0.0
+    # Why the stored args could not be read (too large, undecodable); the
+    # handler is then not called.
+    args_error: str | None = None
+
+
+Handler = Callable[[PendingJob], str]
+# (status, error or None, seconds the job took) -> seconds to pause. Pure.
+Throttle = Callable[[str, BaseException | None, float], float]
+
+
+class Snooze(Exception):
+    """Raised by a handler that cannot do its work yet (its API's rate limit is
+    exhausted, say): the job returns to pending for `seconds`, the attempt is
+    not counted, nothing is reported, and the status says why."""
+
+    def __init__(self, seconds: float, status: str) -> None:
+        if st.kind(status) is not st.Kind.SKIP:
+            raise ValueError(f"a snoozed job's status is a skip, not {status!r}")
+        # A plain float here, raised to the handler otherwise: the group
+        # commit's batch takes no other kind, and a batch fails as a whole.
+        value = real_seconds(seconds, "Snooze seconds")
+        if not math.isfinite(value):
+            raise ValueError(f"Snooze seconds must be finite, not {value!r}")
+        status = safe_text(status)
+        super().__init__(status)
+        self.seconds = max(0.0, value)
+        self.status = status
+
+
+def real_seconds(value: object, what: str) -> float:
+    """value as a plain float: a Decimal, a Fraction, a numpy scalar, anything
+    float() reads as a number (NaN and infinity too). TypeError for what is no
+    number (a bool, a string, None); ValueError for one no float can hold."""
+    kind = type(value)
+    if isinstance(value, bool) or (kind.__module__ == "numpy" and kind.__name__ in ("bool", "bool_")):
+        raise TypeError(f"{what} must be a number, not a bool")
+    if isinstance(value, str | bytes | bytearray) or not (hasattr(kind, "__float__") or hasattr(kind, "__index__")):
+        raise TypeError(f"{what} must be a number, not {safe_text(kind.__name__)}")
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (OverflowError, ValueError) as exc:
+        raise ValueError(f"{what} must be a number a float can hold: {describe(exc)}") from None

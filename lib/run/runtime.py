@@ -1,0 +1,40 @@
+"""What a worker's pollers share: the lease keeper (its worker id, lease
+length, renewal and fence), the report of a database outage, the group the
+outcome writers run in, the completer, and the cap on their fallback poll."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import gevent.pool
+
+from lib.background.leases import Leases
+from lib.run.completer import Completer
+from lib.setup.errors import Outage
+from lib.store.db import DB
+from lib.store.group_commit import committer
+
+
+@dataclass(frozen=True)
+class Runtime:
+    leases: Leases
+    completer: Completer
+    # One report for an outage of the database, whichever part meets it;
+    # None: each poller reports its own.
+    outage: Outage | None = None
+    # Outcome writes run in greenlets of this group, so that killing a poller
+    # at the end of the shutdown window cannot cut a write in half; the worker
+    # waits for the group before it exits.
+    writers: gevent.pool.Group = field(default_factory=gevent.pool.Group)
+    # The longest a poller sleeps between looks at its queue: shorter when no
+    # LISTEN wakes it.
+    poll_interval: float | None = None
+
+    @classmethod
+    def alone(
+        cls, db: DB, *, worker_id: str | None = None, lease: float | None = None, outage: Outage | None = None
+    ) -> Runtime:
+        """A runtime of pollers that run without a worker (a script, a test):
+        their own lease keeper, the process's group commit on db."""
+        leases = Leases(db, worker_id=worker_id) if lease is None else Leases(db, worker_id=worker_id, lease=lease)
+        return cls(leases, committer(db), outage=outage)

@@ -1,0 +1,232 @@
+"""The write stage: the outcome goes to the completer, with the slot's next
+claim when there is one to make (one round trip, one commit); alone, and
+again with backoff while the row may still be this claim's, when that
+cannot be; and the check that it landed."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import gevent
+import gevent.pool
+from gevent.event import AsyncResult
+
+from lib.background.leases import Leases
+from lib.greenlets.backoff import Backoff
+from lib.greenlets.standby import Standby
+from lib.job import PendingJob
+from lib.job import status as st
+from lib.run.claim import Claimer, ClaimResult, claimed
+from lib.run.completer import Completer
+from lib.run.outcome import Outcome
+from lib.setup.errors import capture, capture_message
+from lib.store.db import Unsendable, is_data_error, is_server_error
+
+log = logging.getLogger("jobs")
+
+# How long a killed slot waits for its last write to land.
+FINALIZE_TIMEOUT = 30.0
+# An outcome that could not be written is sent again after these waits
+# (doubling, with jitter), for as long as the job's lease holds.
+WRITE_RETRY_BASE = 0.05
+WRITE_RETRY_CAP = 1.0
+
+
+class SlotWriter:
+    """One slot's outcome writes, each run in the slot's writer greenlet,
+    which stays for the slot's next job while it is busy. The greenlet lives
+    in `group`, which the worker waits for before it exits, so that killing a
+    poller at the end of the shutdown window cannot cut a write in half."""
+
+    def __init__(self, group: gevent.pool.Group) -> None:
+        self._queue: list[tuple[Callable[..., Any], tuple[Any, ...], AsyncResult]] = []
+        self.writer = Standby(self._run, lambda: bool(self._queue), group)
+
+    def submit(self, write: Callable[..., Any], *args: Any) -> AsyncResult:
+        """write(*args) in the writer greenlet; its answer, or what it raised."""
+        done = AsyncResult()
+        self._queue.append((write, args, done))
+        self.writer.ask()
+        return done
+
+    def _run(self) -> None:
+        while self._queue:
+            write, args, done = self._queue.pop(0)
+            try:
+                done.set(write(*args))
+            except BaseException as exc:
+                done.set_exception(exc)
+                if not isinstance(exc, Exception):
+                    raise  # the writer itself was killed (the process is ending)
+
+
+class Writer:
+    def __init__(
+        self,
+        queue: str,
+        completer: Completer,
+        claimer: Claimer,
+        leases: Leases,
+        *,
+        concurrency: int,
+        group: gevent.pool.Group,
+        release: Callable[[PendingJob], None],
+    ) -> None:
+        self.queue = queue
+        self.completer = completer
+        self.claimer = claimer
+        self.leases = leases
+        self._slots = [SlotWriter(group) for _ in range(concurrency)]
+        # Gives back a job the write claimed for a slot that was killed meanwhile.
+        self._release = release
+
+    def close(self, slot: int) -> None:
+        """Its last write goes on; the writer ends after it, not a moment later."""
+        self._slots[slot].writer.close()
+
+    def write(
+        self, job: PendingJob, slot: int, outcome: Outcome, delay: float, next_slot: int | None
+    ) -> ClaimResult | None:
+        """Write the outcome in the slot's writer greenlet; with next_slot,
+        together with the claim of that slot's next job, and what it found."""
+        written = self._slots[slot].submit(self._write, job, outcome, delay, next_slot)
+        try:
+            return written.get()
+        except BaseException:
+            # Killed while the write was under way (the shutdown window
+            # closed): let it land, and give back a job it claimed, which
+            # will now never run here.
+            written.wait(FINALIZE_TIMEOUT)
+            if written.successful() and written.value is not None and written.value.job is not None:
+                self._release(written.value.job)
+            raise
+
+    def _write(self, job: PendingJob, outcome: Outcome, delay: float, next_slot: int | None) -> ClaimResult | None:
+        """One update by primary key; with next_slot, sent together with the
+        claim of that slot's next job (one round trip, one commit). When that
+        fails, what committed is settled first (the claim may have), and the
+        outcome goes alone unless it went with the claim. What the claim sent
+        with it found, if it went."""
+        params = self.outcome_params(job, outcome, delay)
+        if next_slot is not None:
+            try:
+                reply = self.completer.send(params, self.claimer.params(None, next_slot))
+            except Exception as exc:
+                log.debug("queue=%s id=%d outcome and next claim together failed: %s", self.queue, job.id, exc)
+                # Unsendable: nothing was sent.
+                if not is_server_error(exc) and not isinstance(exc, Unsendable):
+                    # No answer: the server may have committed both, or may
+                    # still, unless its process is ended first.
+                    mine = self.claimer.lost(next_slot, exc)
+                    if mine is not None:
+                        # The claim committed, so did the outcome beside it.
+                        return ClaimResult(mine)
+                # Else a server error rolled both back (another row holding
+                # the slot refuses the claim, say): the outcome goes alone.
+            else:
+                if reply.held:
+                    # The job's row (or its queue's turn) was held: the claim
+                    # found the slot still the job's. The outcome goes again, alone.
+                    self._write_alone(job, outcome, params)
+                else:
+                    self._check_written(job, outcome, reply.written)
+                return claimed(reply.row)
+        self._write_alone(job, outcome, params)
+        return None
+
+    def outcome_params(self, job: PendingJob, outcome: Outcome, delay: float) -> dict[str, Any]:
+        return {
+            "id": job.id,
+            "worker_id": self.leases.worker_id,
+            "attempts": job.attempts,
+            "status": outcome.stored,
+            "retry_in": outcome.retry_in,
+            # Kept for anything that did not end well or is coming back.
+            "last_error": outcome.status
+            if outcome.retry_in is not None or st.kind(outcome.status) is st.Kind.ERR
+            else None,
+            "delay": delay,
+            "uncounted": 0 if outcome.counted else 1,
+            "last_traceback": outcome.traceback,
+        }
+
+    def _write_alone(self, job: PendingJob, outcome: Outcome, params: dict[str, Any]) -> None:
+        """The outcome by itself, sent again with backoff while the row may
+        still be this claim's: a lost connection, a server that does not
+        answer, a row another transaction holds each only delay the write.
+        Safe to repeat, and safe after the lease lapsed: the update matches
+        only while the row is this claim's (not rescued) or already holds this
+        very outcome. The tries end a lease after the job's own would lapse,
+        when a rescue has had time to take the row. An outcome the server
+        refuses (a value it cannot store) is replaced by one saying so, so the
+        row still ends."""
+        tags = {"queue": self.queue, "job": job.name, "job_id": job.id, "callsite": job.callsite}
+        replacements = _replacements(outcome)
+        retry = Backoff(base=WRITE_RETRY_BASE, cap=WRITE_RETRY_CAP)
+        until = time.monotonic() + 2 * self.leases.lease  # a job the lease keeper does not hold
+        said = False
+        while True:
+            try:
+                reply = self.completer.send(params, None)
+            except Exception as exc:
+                if _refused_value(exc):
+                    status = next(replacements, None)
+                    if status is not None:
+                        log.error("queue=%s id=%d %s (it was %r)", self.queue, job.id, status, outcome.status[:200])
+                        capture(exc, message="outcome refused", **tags)
+                        params = {**params, "status": status, "last_error": status, "retry_in": None}
+                        params["last_traceback"] = None
+                        continue
+                if is_server_error(exc) or _refused_value(exc):
+                    self._give_up(job, f"finalize failed, the row stays started: {exc}", exc, tags)
+                    return
+                why: BaseException | str = exc
+            else:
+                if not reply.held:
+                    self._check_written(job, outcome, reply.written)
+                    return
+                why = "its row is held by another transaction"
+            wait = retry.failed()
+            held = self.leases.held.get(job.id)
+            if time.monotonic() + wait >= (held.good_until + self.leases.lease if held is not None else until):
+                self._give_up(job, f"outcome not written within a lease after its own ({why})", None, tags)
+                return
+            if not said:
+                said = True
+                log.warning("queue=%s id=%d outcome not written yet, trying again: %s", self.queue, job.id, why)
+            gevent.sleep(wait)
+
+    def _give_up(self, job: PendingJob, why: str, exc: BaseException | None, tags: dict[str, Any]) -> None:
+        """The outcome cannot be written: the row stays started, and the rescue
+        takes it once its lease lapses."""
+        log.error("queue=%s id=%d %s", self.queue, job.id, why)
+        if exc is not None:
+            capture(exc, message="finalize job", **tags)
+        else:
+            capture_message(f"queue={self.queue} id={job.id} {why}", **tags)
+        self.claimer.abandoned.add(job.id)
+
+    def _check_written(self, job: PendingJob, outcome: Outcome, written: bool) -> None:
+        if not written:
+            # The lease ran out (no heartbeat got through) and another worker
+            # rescued the row; its outcome stands.
+            log.warning(
+                "queue=%s id=%d was rescued before it finished; outcome %r dropped", self.queue, job.id, outcome.status
+            )
+
+
+def _replacements(outcome: Outcome) -> Iterator[str]:
+    """Statuses to store, in turn, when the server refuses an outcome: one
+    that says so, and one no index of the row can refuse (an err: status is
+    indexed with the job's name, which may be too long to index)."""
+    yield st.err(f"the outcome could not be stored (it was {outcome.status[:100]!r})")
+    yield st.fail("the outcome could not be stored, nor an err: status for this row")
+
+
+def _refused_value(exc: BaseException) -> bool:
+    """The outcome itself was refused: a value the driver cannot send (a NUL
+    character) or the server cannot store. Not a lost connection."""
+    return isinstance(exc, ValueError) or is_data_error(exc)
