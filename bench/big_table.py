@@ -58,13 +58,12 @@ from prometheus_client import CollectorRegistry, generate_latest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import claim_flat as flat
-from bench.common import (
+from bench import harness
+from bench.harness import (
+    CommitRate,
     Scratch,
-    begin,
-    context_lines,
-    finish,
-    machine_line,
-    run_record,
+    Server,
+    add_pgbench_seconds,
     scratch_database,
 )
 from lib.http.admin import FAILURES_SHOWN
@@ -579,7 +578,7 @@ def _spread(ms: list[float]) -> dict[str, float]:
     return asdict(flat.Spread.of(ms))
 
 
-def report(found: dict[str, Any], args: argparse.Namespace, load: float) -> dict[str, Any]:
+def report(found: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     tables: list[Table] = found["tables"]
     a, b = tables
     rows: list[dict[str, Any]] = []
@@ -634,7 +633,6 @@ def report(found: dict[str, Any], args: argparse.Namespace, load: float) -> dict
     ]
     kept: Retention = found["retention"]
     return {
-        **run_record(a.scratch.server, load),
         "options": {
             "finished": args.finished,
             "days": args.days,
@@ -697,9 +695,6 @@ def _plan_note(r: dict[str, Any]) -> str:
 
 
 def print_table(result: dict[str, Any]) -> None:
-    print()
-    print("\n".join(context_lines(result)))
-    print(machine_line(result))
     o = result["options"]
     ba, bb = result["builds"]["a"], result["builds"]["b"]
     print(
@@ -829,6 +824,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=PEAK_JOBS_PER_S,
         help="the write rate of a busy day (default %(default)s: README's Performance peak)",
     )
+    add_pgbench_seconds(parser)
     args = parser.parse_args(argv)
     if args.finished < 1 or args.days <= RETENTION_DAYS:
         parser.error(f"--finished >= 1 and --days > {RETENTION_DAYS} (the retention), so it has rows to delete")
@@ -848,20 +844,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    server, load_at_start = begin()
-    started = time.perf_counter()
-    with ExitStack() as stack:
-        scratches = [stack.enter_context(scratch_database(server)) for _ in range(2)]
-        print(
-            f"PostgreSQL {server.version} ({server.source}), bench databases (a) {scratches[0].name},"
-            f" (b) {scratches[1].name}",
-            flush=True,
-        )
-        found = measure(scratches, args)
-        result = report(found, args, load_at_start)
-    result["run_s"] = time.perf_counter() - started
-    print_plans(result)
-    return finish(result, "big_table", print_table, note=f"the run took {result['run_s'] / 60:.1f} min; ")
+
+    def measured(server: Server, rate: CommitRate) -> dict[str, Any]:
+        with ExitStack() as stack:
+            scratches = [stack.enter_context(scratch_database(server)) for _ in range(2)]
+            print(f"bench databases (a) {scratches[0].name}, (b) {scratches[1].name}", flush=True)
+            result = report(measure(scratches, args), args)
+        print_plans(result)
+        return result
+
+    return harness.run("big_table", args, measured, print_table)
 
 
 if __name__ == "__main__":

@@ -53,15 +53,14 @@ import psycopg2.extensions
 # Run as a script, sys.path[0] is bench/; lib/ lives at the project root.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import (
+from bench import harness
+from bench.harness import (
+    CommitRate,
     Scratch,
+    Server,
+    add_pgbench_seconds,
     admin_connect,
-    begin,
-    context_lines,
-    finish,
-    machine_line,
     percentile,
-    run_record,
     scratch_database,
 )
 from lib.insert import Job, insert_many
@@ -498,23 +497,9 @@ def _ratio(a: Spread | None, b: Spread | None) -> float | None:
     return b.p50 / a.p50 if a and b and a.p50 else None
 
 
-def report(
-    scratches: list[Scratch], phases: list[Phase], server: dict[str, Any], args: argparse.Namespace, load: float
-) -> dict[str, Any]:
+def report(phases: list[Phase], server: dict[str, Any]) -> dict[str, Any]:
     a, b = phases
     return {
-        **run_record(scratches[0].server, load),
-        "options": {
-            "finished": args.finished,
-            "backlog": args.backlog,
-            "queue_due": args.queue_due,
-            "queue_delayed": args.queue_delayed,
-            "other_queues": args.other_queues,
-            "pending": args.pending,
-            "claims": args.claims,
-            "warmup": WARMUP,
-            "explains": EXPLAINS,
-        },
         "phases": [asdict(p) for p in phases],
         # (b) over (a), of the p50: the headline is the outcome with the next claim.
         "p50_ratio": _ratio(a.step_ms, b.step_ms),
@@ -545,9 +530,6 @@ def _title(p: dict[str, Any]) -> str:
 
 
 def print_table(result: dict[str, Any]) -> None:
-    print()
-    print("\n".join(context_lines(result)))
-    print(machine_line(result))
     options = result["options"]
     print(
         f"\n{options['claims']} timed jobs of each kind per table (after {options['warmup']} untimed),"
@@ -642,6 +624,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--pending", type=int, default=700, help="pending rows of the queue in both tables (default %(default)s)"
     )
+    add_pgbench_seconds(parser)
     args = parser.parse_args(argv)
     if args.finished < 0 or args.claims < 1:
         parser.error("--finished >= 0, --claims >= 1")
@@ -658,15 +641,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    server, load_at_start = begin()
-    phases = [Phase("a", 0, args.pending, Backlog()), Phase("b", args.finished, args.pending, backlog_of(args))]
-    with ExitStack() as stack:
-        scratches = [stack.enter_context(scratch_database(server)) for _ in phases]
-        names = ", ".join(f"({p.label}) {s.name}" for p, s in zip(phases, scratches, strict=True))
-        print(f"PostgreSQL {server.version} ({server.source}), bench databases {names}", flush=True)
-        found = measure(scratches, phases, args)
-        result = report(scratches, phases, found, args, load_at_start)
-    return finish(result, "claim_flat", print_table)
+
+    def measured(server: Server, rate: CommitRate) -> dict[str, Any]:
+        phases = [Phase("a", 0, args.pending, Backlog()), Phase("b", args.finished, args.pending, backlog_of(args))]
+        with ExitStack() as stack:
+            scratches = [stack.enter_context(scratch_database(server)) for _ in phases]
+            names = ", ".join(f"({p.label}) {s.name}" for p, s in zip(phases, scratches, strict=True))
+            print(f"bench databases {names}", flush=True)
+            found = measure(scratches, phases, args)
+        return {**report(phases, found), "options": {**vars(args), "warmup": WARMUP, "explains": EXPLAINS}}
+
+    return harness.run("claim_flat", args, measured, print_table)
 
 
 if __name__ == "__main__":

@@ -32,54 +32,49 @@ Workloads (no-op jobs, --jobs of them), each run by every side in turn:
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
-import importlib.util
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import psycopg2
 import psycopg2.extensions
 
 # Run as a script, sys.path[0] is bench/; lib/ lives at the project root.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import step_cost
-from bench.common import (
+from bench import harness, step_cost
+from bench.harness import (
     ROOT,
+    CommitRate,
+    ConnectionSampler,
     Server,
     ServerMeter,
-    admin_connect,
-    begin,
-    context_lines,
-    finish,
-    machine_line,
-    measure_commit_rate,
+    WorkerProcess,
+    add_pgbench_seconds,
+    backends,
     percentile,
-    run_record,
+    query_one,
+    revision,
+    rss_mb,
     scratch_database,
+    vacuum_analyze,
+    worker,
 )
 
 APPS = ROOT / "bench" / "apps"
-PYTHON = sys.executable  # the peers are installed beside the project's requirements (bench/README.md)
 SIDES = ("ours", "procrastinate", "pgqueuer")
 PEERS = ("procrastinate", "pgqueuer")
 MANY_QUEUES = 40
 ENQUEUE_BATCH = 1000
 # Settings that would change what our worker does; the comparison runs its defaults.
 UNSET = ("JOBS_LEASE_SECONDS", "SENTRY_DSN", "JOBS_ADMIN_TOKEN")
-STOP_TIMEOUT = 60.0
 READY_TIMEOUT = 60.0
 READY_SETTLE = 2.0  # seconds after the worker's first connection before producing
 RECORDED_TIMEOUT = 15.0  # from the last handler start to its outcome in the table
@@ -100,6 +95,9 @@ class Side:
 
     name: str = "ours"
     migrated: bool = True  # the scratch database gets our migrations
+    # The interpreter of the side's processes: ours runs in the project's
+    # virtualenv; a peer's may be another (--peer-python).
+    python: str = sys.executable
     worker_app: str = "compare_ours_worker.py"
     enqueue_app: str = "compare_ours_enqueue.py"
     # The first handler start and the last outcome as the database records them, and the jobs done.
@@ -117,7 +115,7 @@ class Side:
         """Our schema comes with the scratch database (its migrations)."""
 
     def worker_command(self, url: str, queues: list[str], concurrency: int) -> list[str]:
-        command = [PYTHON, str(APPS / self.worker_app), "--url", url, "--queues", _queues(queues)]
+        command = [self.python, str(APPS / self.worker_app), "--url", url, "--queues", _queues(queues)]
         return [*command, "--concurrency", str(concurrency)]
 
     def worker_env(self, url: str) -> dict[str, str]:
@@ -128,7 +126,7 @@ class Side:
         return env
 
     def enqueue_command(self, mode: str, url: str, queues: list[str], jobs: int, batch: int = 1) -> list[str]:
-        command = [PYTHON, str(APPS / self.enqueue_app), mode, "--url", url, "--queues", _queues(queues)]
+        command = [self.python, str(APPS / self.enqueue_app), mode, "--url", url, "--queues", _queues(queues)]
         return [*command, "--jobs", str(jobs), "--batch", str(batch)]
 
 
@@ -151,10 +149,10 @@ class Procrastinate(Side):
     )
 
     def install(self, url: str) -> None:
-        subprocess.run([PYTHON, str(APPS / self.worker_app), "install", "--url", url], check=True)
+        subprocess.run([self.python, str(APPS / self.worker_app), "install", "--url", url], check=True)
 
     def worker_command(self, url: str, queues: list[str], concurrency: int) -> list[str]:
-        command = [PYTHON, str(APPS / self.worker_app), "work", "--url", url, "--queues", _queues(queues)]
+        command = [self.python, str(APPS / self.worker_app), "work", "--url", url, "--queues", _queues(queues)]
         per_queue = ["--per-queue"] if len(queues) > 1 else []
         return [*command, "--concurrency", str(concurrency), *per_queue]
 
@@ -179,64 +177,27 @@ class PGQueuer(Side):
     )
 
     def install(self, url: str) -> None:
-        subprocess.run([PYTHON, str(APPS / self.worker_app), "install", "--url", url], check=True)
+        subprocess.run([self.python, str(APPS / self.worker_app), "install", "--url", url], check=True)
 
     def worker_command(self, url: str, queues: list[str], concurrency: int) -> list[str]:
-        command = [PYTHON, str(APPS / self.worker_app), "work", "--url", url, "--queues", _queues(queues)]
+        command = [self.python, str(APPS / self.worker_app), "work", "--url", url, "--queues", _queues(queues)]
         return [*command, "--concurrency", str(concurrency), "--batch-size", str(concurrency * len(queues))]
 
 
-def make_side(name: str) -> Side:
-    return {"ours": Side, "procrastinate": Procrastinate, "pgqueuer": PGQueuer}[name]()
+def make_side(name: str, peer_python: str) -> Side:
+    if name == "ours":
+        return Side()
+    return {"procrastinate": Procrastinate, "pgqueuer": PGQueuer}[name](python=peer_python)
 
 
 # ---------------------------------------------------------------- processes
 
 
-@dataclass
-class WorkerProcess:
-    proc: subprocess.Popen[bytes]
-    done_file: Path
-    starts_file: Path
-    log_file: Path
-
-    def log_tail(self) -> str:
-        return self.log_file.read_text(errors="replace")[-3000:] if self.log_file.exists() else ""
-
-    def stop(self) -> None:
-        """SIGTERM, as a deployment stops a worker; killed if it outstays STOP_TIMEOUT."""
-        if self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(STOP_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-    def starts(self) -> dict[int, float]:
-        if not self.starts_file.exists():
-            return {}
-        return {int(seq): t for seq, t in json.loads(self.starts_file.read_text())}
-
-
-@contextmanager
-def worker(
+def side_worker(
     side: Side, url: str, queues: list[str], concurrency: int, target: int, work: Path
-) -> Iterator[WorkerProcess]:
+) -> AbstractContextManager[WorkerProcess]:
     """The side's worker process, stopped at the end however the block ends."""
-    done_file, starts_file, log_file = work / "done", work / "starts.json", work / f"{side.name}-worker.log"
-    for path in (done_file, starts_file):
-        path.unlink(missing_ok=True)
-    command = side.worker_command(url, queues, concurrency)
-    command += ["--target", str(target), "--done-file", str(done_file), "--starts-file", str(starts_file)]
-    with log_file.open("wb") as log:
-        proc = subprocess.Popen(command, cwd=ROOT, env=side.worker_env(url), stdout=log, stderr=subprocess.STDOUT)
-    run = WorkerProcess(proc, done_file, starts_file, log_file)
-    try:
-        yield run
-    finally:
-        run.stop()
+    return worker(side.worker_command(url, queues, concurrency), side.worker_env(url), work, target)
 
 
 def enqueue(side: Side, mode: str, url: str, queues: list[str], jobs: int, batch: int = 1, **extra: float) -> Any:
@@ -251,67 +212,6 @@ def enqueue(side: Side, mode: str, url: str, queues: list[str], jobs: int, batch
 
 
 # ---------------------------------------------------------------- reading the server
-
-
-def backends(admin: psycopg2.extensions.connection, dbname: str) -> int:
-    with admin.cursor() as cur:
-        cur.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND backend_type = 'client backend'", (dbname,)
-        )
-        return int(cur.fetchone()[0])
-
-
-class ConnectionSampler:
-    """The most connections the database held, sampled from a thread over a
-    connection of its own (to the server's default database, never counted)."""
-
-    def __init__(self, server_url: str, dbname: str, every: float) -> None:
-        self.server_url, self.dbname, self.every = server_url, dbname, every
-        self.peak = 0
-        self.last = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        conn = admin_connect(self.server_url)
-        try:
-            while not self._stop.is_set():
-                self.last = backends(conn, self.dbname)
-                self.peak = max(self.peak, self.last)
-                self._stop.wait(self.every)
-        finally:
-            conn.close()
-
-    def __enter__(self) -> ConnectionSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
-def query_one(url: str, sql: str) -> tuple[Any, ...]:
-    conn = psycopg2.connect(url, application_name="jobs-bench-compare")
-    try:
-        conn.autocommit = True
-        with conn.cursor() as cur:
-            cur.execute(sql)
-            return cur.fetchone()
-    finally:
-        conn.close()
-
-
-def vacuum_analyze(url: str) -> None:
-    """Planner statistics and the visibility map as autovacuum would leave them
-    after the enqueue, for every side alike."""
-    conn = psycopg2.connect(url, application_name="jobs-bench-compare")
-    try:
-        conn.autocommit = True
-        with conn.cursor() as cur:
-            cur.execute("VACUUM ANALYZE")
-    finally:
-        conn.close()
 
 
 def wait_ready(admin: psycopg2.extensions.connection, dbname: str, run: WorkerProcess) -> None:
@@ -383,7 +283,7 @@ def measure_throughput(side: Side, server: Server, queues: list[str], jobs: int,
         # A budget that no sane run reaches: 60 s, plus 50 ms a job.
         timeout = 60 + 0.05 * jobs
         sampler = ConnectionSampler(scratch.server.url, scratch.name, 0.1)
-        with sampler, worker(side, scratch.url, queues, concurrency, jobs, Path(work)) as run:
+        with sampler, side_worker(side, scratch.url, queues, concurrency, jobs, Path(work)) as run:
             result.error = wait_done(run, timeout)
             done, queries = wait_recorded(scratch.url, side, jobs)
             if result.error:
@@ -425,7 +325,7 @@ def measure_latency(side: Side, server: Server, samples: int) -> Latency:
     result = Latency(samples)
     with scratch_database(server, side.migrated) as scratch, tempfile.TemporaryDirectory(prefix="jobs-cmp-") as work:
         side.install(scratch.url)
-        with worker(side, scratch.url, ["q00"], 1, samples, Path(work)) as run:
+        with side_worker(side, scratch.url, ["q00"], 1, samples, Path(work)) as run:
             wait_ready(scratch.admin, scratch.name, run)
             commits = enqueue(side, "produce", scratch.url, ["q00"], samples, gap_min=0.05, gap_max=0.1)
             # A job not started 5 s after the last commit counts as missed, not waited for.
@@ -472,19 +372,6 @@ class Idle:
     rss_mb: float = 0.0
 
 
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
-def server_xacts(admin: psycopg2.extensions.connection, dbname: str) -> int:
-    with admin.cursor() as cur:
-        cur.execute("SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = %s", (dbname,))
-        return int(cur.fetchone()[0])
-
-
 def measure_idle(side: Side, server: Server, seconds: float, settle: float) -> Idle:
     """A 40-queue worker with nothing to do, from `settle` seconds after its
     first connection: the database's transactions over `seconds` (both reads
@@ -493,13 +380,14 @@ def measure_idle(side: Side, server: Server, seconds: float, settle: float) -> I
     result = Idle(len(queues))
     with scratch_database(server, side.migrated) as scratch, tempfile.TemporaryDirectory(prefix="jobs-cmp-") as work:
         side.install(scratch.url)
-        with worker(side, scratch.url, queues, 1, 0, Path(work)) as run:
+        with side_worker(side, scratch.url, queues, 1, 0, Path(work)) as run:
             wait_ready(scratch.admin, scratch.name, run)
             time.sleep(settle)
             with ConnectionSampler(scratch.server.url, scratch.name, 1.0) as sampler:
-                start, before = time.monotonic(), server_xacts(scratch.admin, scratch.name)
+                meter = ServerMeter(scratch.admin, scratch.name)
+                start, before = time.monotonic(), meter.xacts_reported()
                 time.sleep(seconds)
-                end, after = time.monotonic(), server_xacts(scratch.admin, scratch.name)
+                end, after = time.monotonic(), meter.xacts_reported()
             if run.proc.poll() is not None:
                 raise RuntimeError(f"the {side.name} worker exited during the window:\n{run.log_tail()}")
             result.rss_mb = rss_mb(run.proc.pid)
@@ -535,13 +423,26 @@ class SideResult:
         return max(self.concurrency, key=lambda t: t.jobs_per_s, default=None)
 
 
-def version(name: str) -> str:
-    if name == "ours":
-        from bench.common import revision
-
+def version(side: Side) -> str:
+    if side.name == "ours":
         rev = revision()
         return rev["commit"] if rev else "?"
-    return importlib.metadata.version(name)
+    return peer_versions(side.python)[side.name]
+
+
+def peer_versions(python: str) -> dict[str, str]:
+    """The peers' versions as python has them installed; SystemExit when one is missing."""
+    script = (
+        "import importlib.metadata as m, json\n"
+        "print(json.dumps({n: m.version(n) for n in ('procrastinate', 'pgqueuer', 'asyncpg')}))"
+    )
+    done = subprocess.run([python, "-c", script], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(
+            f"{python} lacks the peers: run  {python} -m pip install -r bench/requirements.txt"
+            f"  (or --peer-python another interpreter, or --only ours)\n{done.stderr[-500:]}"
+        )
+    return json.loads(done.stdout)
 
 
 # The workloads run in rounds, and what a round of each is.
@@ -623,8 +524,8 @@ def run_workload(
 def run_all(server: Server, args: argparse.Namespace) -> dict[str, SideResult]:
     """Workload by workload, every side in turn: the runs a ratio compares are
     minutes apart at most, not a whole side's run apart."""
-    sides = {name: make_side(name) for name in args.sides}
-    results = {name: SideResult(name, version(name), side.settings) for name, side in sides.items()}
+    sides = {name: make_side(name, args.peer_python) for name in args.sides}
+    results = {name: SideResult(name, version(side), side.settings) for name, side in sides.items()}
     if "1" in args.workloads or "2" in args.workloads:
         run_rounds("1", sides, results, server, args)
     for workload in sorted(set(args.workloads) - {"1"}):
@@ -713,13 +614,9 @@ def _cell(value: float | None, note: str = "") -> str:
     return f"{text} {note}".strip()
 
 
-def print_table(result: dict[str, Any], rows: list[Row]) -> None:
-    print()
-    print("\n".join(context_lines(result)))
-    print(machine_line(result))
-    rate = result.get("commit_rate")
-    if rate:
-        print(f"commit rate  {rate['tps']:,.0f} tx/s (pgbench -c 1 -j 1 -T {rate['seconds']}, single-row UPDATE)")
+def print_table(result: dict[str, Any]) -> None:
+    rows = [Row(r["label"], r["higher_is_better"], r["values"], r["notes"]) for r in result["table"]]
+    rate = result["commit_rate"]
     names = [n for n in SIDES if n in result["sides"]]
     versions = ", ".join(f"{n} {result['sides'][n]['version']}" for n in names)
     print(f"versions     {versions}; {result['options']['jobs']} jobs per throughput run")
@@ -731,11 +628,10 @@ def print_table(result: dict[str, Any], rows: list[Row]) -> None:
         best, pgq = ratios(row)
         cells = "".join(f"{_cell(row.values.get(n), row.notes.get(n, '')):>16}" for n in names)
         print(f"{row.label:<40}{cells}{_cell(best):>13}{_cell(pgq):>10}")
-    if rate:
-        for row in rows:
-            ours = row.values.get("ours")
-            if ours is not None and "jobs/s" in row.label and "enqueue" not in row.label:
-                print(f"  ours, {row.label.split(' (')[0]}: {ours / rate['tps']:.2f} of the commit rate")
+    for row in rows:
+        ours = row.values.get("ours")
+        if ours is not None and "jobs/s" in row.label and "enqueue" not in row.label:
+            print(f"  ours, {row.label.split(' (')[0]}: {ours / rate['tps']:.2f} of the commit rate")
     print_step_alone(result, rows)
     print_rounds(result)
     print("(ratios: ours over the better peer / over PGQueuer; above 1 is more: better for jobs/s,")
@@ -804,9 +700,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--samples", type=int, help="workload 4's jobs (default 200; quick 50)")
     parser.add_argument("--idle-seconds", type=float, help="workload 6's window (default 60; quick 20)")
     parser.add_argument("--settle", type=float, help="workload 6: seconds before the window (default 30; quick 15)")
-    parser.add_argument("--pgbench-seconds", type=int, help="commit-rate run (default 10; quick 5)")
+    add_pgbench_seconds(parser, default=0)
     parser.add_argument(
         "--rounds", type=int, help="workloads 1, 3 and 5: rounds, each side once a round (default 3; quick 1)"
+    )
+    parser.add_argument(
+        "--peer-python",
+        default=sys.executable,
+        help="the interpreter with bench/requirements.txt installed, for the peers (default: this one)",
     )
     parser.add_argument("--quick", action="store_true", help="a sanity run: smaller numbers, shorter windows")
     args = parser.parse_args(argv)
@@ -815,6 +716,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.samples = args.samples or (50 if quick else 200)
     args.idle_seconds = args.idle_seconds or (20.0 if quick else 60.0)
     args.settle = args.settle if args.settle is not None else (15.0 if quick else 30.0)
+    # 0: not given on the command line.
     args.pgbench_seconds = args.pgbench_seconds or (5 if quick else 10)
     args.rounds = args.rounds or (1 if quick else 3)
     args.workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
@@ -827,52 +729,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def check_peers(sides: list[str]) -> None:
-    missing = [m for m in ("procrastinate", "pgqueuer", "asyncpg") if importlib.util.find_spec(m) is None]
-    if missing and set(sides) & set(PEERS):
-        raise SystemExit(
-            f"missing {', '.join(missing)}: run  {PYTHON} -m pip install -r bench/requirements.txt  (or --only ours)"
-        )
-
-
-def commit_rate(server: Server, seconds: int) -> dict[str, Any]:
-    with scratch_database(server, migrated=False) as scratch:
-        return asdict(measure_commit_rate(scratch.url, seconds))
+def check_peers(args: argparse.Namespace) -> None:
+    if set(args.sides) & set(PEERS):
+        peer_versions(args.peer_python)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    check_peers(args.sides)
-    server, load_at_start = begin(quiet=False)
-    started = time.monotonic()
-    print(f"pgbench: {args.pgbench_seconds} s of single-row commits ...", flush=True)
-    rate = commit_rate(server, args.pgbench_seconds)
-    results = run_all(server, args)
-    rows = build_rows(results)
-    options = {
-        k: getattr(args, k)
-        for k in (
-            "jobs",
-            "workloads",
-            "concurrencies",
-            "rounds",
-            "samples",
-            "idle_seconds",
-            "settle",
-            "pgbench_seconds",
-            "quick",
-        )
-    }
-    result = {
-        **run_record(server, load_at_start),
-        "options": options,
-        "commit_rate": rate,
-        "sides": {name: asdict(r) for name, r in results.items()},
-        "table": [{**asdict(row), "ratios": dict(zip(RATIO_KEYS, ratios(row), strict=True))} for row in rows],
-        "seconds": time.monotonic() - started,
-    }
-    print_table(result, rows)
-    return finish(result, "compare", note=f"took {result['seconds'] / 60:.1f} min; ")
+    check_peers(args)
+
+    def measure(server: Server, rate: CommitRate) -> dict[str, Any]:
+        results = run_all(server, args)
+        rows = build_rows(results)
+        return {
+            "sides": {name: asdict(r) for name, r in results.items()},
+            "table": [{**asdict(row), "ratios": dict(zip(RATIO_KEYS, ratios(row), strict=True))} for row in rows],
+        }
+
+    return harness.run("compare", args, measure, print_table)
 
 
 if __name__ == "__main__":

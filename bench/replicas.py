@@ -14,7 +14,7 @@ and, unless --no-split, split (each process its own 40/n of the queues: what
 more processes could add were the queues spread over them). Measured:
 
   - jobs/s, from the first job's start to the last job's outcome as the rows
-    record them, and that over the commit rate (pgbench, as throughput.py);
+    record them, and that over the commit rate (pgbench);
   - server transactions per job (pg_stat_database, less this benchmark's own);
   - jobs and CPU of each worker process, CPU of the server (the bench
     database's backends, and every process of the server), and the machine's
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 import tempfile
 import time
@@ -40,28 +39,27 @@ import psycopg2.extensions
 # Run as a script, sys.path[0] is bench/; lib/ lives at the project root.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import harness
 from bench.apps.compare_support import OURS_JOB_NAME
-from bench.common import (
+from bench.compare import Side, side_worker
+from bench.harness import (
     CommitRate,
     MachineCpu,
     Scratch,
     Server,
     ServerMeter,
-    begin,
-    context_lines,
-    finish,
+    WorkerProcess,
+    add_pgbench_seconds,
     load_average,
     machine_cpu,
-    machine_line,
-    measure_commit_rate,
     postgres_cpu_seconds,
     process_cpu_seconds,
     processes_cpu,
-    run_record,
     scratch_database,
     server_cpu_seconds,
+    stop_all,
+    vacuum_analyze,
 )
-from bench.compare import Side, WorkerProcess, vacuum_analyze, worker
 from lib.insert import Job, insert_many
 from lib.store.sql import Q
 
@@ -81,8 +79,8 @@ POLL_SECONDS = 0.25
 # No outcome for this long: the run is reported incomplete, not waited on.
 STALL_SECONDS = 30.0
 # Jobs a row: 5-10 s for one process on two cores. Not sized from the commit
-# rate, as throughput.py is: a transaction here carries tens of jobs, so the
-# rate does not follow it, and every run then compares the same backlog.
+# rate: a transaction here carries tens of jobs, so the rate does not follow
+# it, and every run then compares the same backlog.
 DEFAULT_JOBS = 40_000
 
 # The bench's look at progress, on its own connection: whether any job is
@@ -250,15 +248,6 @@ def wait_done(conn: psycopg2.extensions.connection, runs: list[WorkerProcess]) -
             return polls, f"no outcome for {STALL_SECONDS:g} s"
 
 
-def stop_all(runs: list[WorkerProcess]) -> None:
-    """SIGTERM to every process at once, then wait for each (killed if it outstays compare.py's timeout)."""
-    for run in runs:
-        if run.proc.poll() is None:
-            run.proc.send_signal(signal.SIGTERM)
-    for run in runs:
-        run.stop()
-
-
 def share(after: float | None, before: float | None, seconds: float) -> float | None:
     if after is None or before is None or seconds <= 0:
         return None
@@ -322,7 +311,7 @@ def run_phase(server: Server, count: int, mode: str, total: int) -> Phase:
                 folder = Path(work) / f"p{i}"
                 folder.mkdir()
                 # target 0: no done file; the benchmark watches the table instead.
-                runs.append(stack.enter_context(worker(side, scratch.url, queues[i], 1, 0, folder)))
+                runs.append(stack.enter_context(side_worker(side, scratch.url, queues[i], 1, 0, folder)))
             wait_ready(scratch, runs)
             # The benchmark's own connection, opened before the counter's first
             # read; its resume and polls are taken off the count.
@@ -393,11 +382,6 @@ def row_label(phase: dict[str, Any]) -> str:
 
 
 def print_table(result: dict[str, Any]) -> None:
-    rate = result["commit_rate"]
-    print()
-    print("\n".join(context_lines(result)))
-    print(f"pgbench      {rate['version']}, -c 1 -j 1 -T {rate['seconds']}: {rate['tps']:,.0f} commits/s")
-    print(machine_line(result))
     print(f"jobs         {result['options']['jobs']:,} no-op jobs a row, round robin over 40 queues, concurrency 1")
     print()
     header = (
@@ -445,7 +429,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--jobs", type=int, default=DEFAULT_JOBS, help="jobs a row (default %(default)s)")
     parser.add_argument("--processes", default="1,2,3", help="process counts to run (default %(default)s)")
-    parser.add_argument("--pgbench-seconds", type=int, default=10, help="pgbench duration (default %(default)s)")
+    add_pgbench_seconds(parser)
     parser.add_argument(
         "--no-split", action="store_true", help="leave out the rows where each process runs its own share of the queues"
     )
@@ -459,43 +443,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def commit_rate(server: Server, seconds: int) -> CommitRate:
-    with scratch_database(server, migrated=False) as scratch:
-        return measure_commit_rate(scratch.url, seconds)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    server, load_at_start = begin(quiet=False)
-    started = time.monotonic()
-    print(f"pgbench: {args.pgbench_seconds} s of single-row commits ...", flush=True)
-    rate = commit_rate(server, args.pgbench_seconds)
-    jobs = args.jobs
-    plan = [(count, "shared") for count in args.counts]
-    # One process runs every queue either way: its row serves both.
-    plan += [] if args.no_split else [(count, "split") for count in args.counts if count > 1]
-    phases: list[Phase] = []
-    for count, mode in plan:
-        print(f"{jobs:,} no-op jobs, 40 queues, {count} worker process(es), {mode} ...", flush=True)
-        phase = run_phase(server, count, mode, jobs)
-        phase.ratio = phase.jobs_per_s / rate.tps
-        phases.append(phase)
-    base = next((p for p in phases if p.processes == 1), phases[0])
-    for phase in phases:
-        phase.speedup = phase.jobs_per_s / base.jobs_per_s if base.jobs_per_s else 0.0
-    result = {
-        **run_record(server, load_at_start),
-        "options": {
-            "jobs": jobs,
-            "processes": args.counts,
-            "split": not args.no_split,
-            "pgbench_seconds": args.pgbench_seconds,
-        },
-        "commit_rate": asdict(rate),
-        "phases": [asdict(p) for p in phases],
-        "seconds": time.monotonic() - started,
-    }
-    return finish(result, "replicas", print_table, note=f"took {result['seconds'] / 60:.1f} min; ")
+
+    def measure(server: Server, rate: CommitRate) -> dict[str, Any]:
+        plan = [(count, "shared") for count in args.counts]
+        # One process runs every queue either way: its row serves both.
+        plan += [] if args.no_split else [(count, "split") for count in args.counts if count > 1]
+        phases: list[Phase] = []
+        for count, mode in plan:
+            print(f"{args.jobs:,} no-op jobs, 40 queues, {count} worker process(es), {mode} ...", flush=True)
+            phase = run_phase(server, count, mode, args.jobs)
+            phase.ratio = phase.jobs_per_s / rate.tps
+            phases.append(phase)
+        base = next((p for p in phases if p.processes == 1), phases[0])
+        for phase in phases:
+            phase.speedup = phase.jobs_per_s / base.jobs_per_s if base.jobs_per_s else 0.0
+        return {"phases": [asdict(p) for p in phases]}
+
+    return harness.run("replicas", args, measure, print_table)
 
 
 if __name__ == "__main__":

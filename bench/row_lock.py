@@ -6,9 +6,8 @@ and keeps it open.
 
 Run from the project root:  .venv/bin/python bench/row_lock.py [--lock-seconds 12]
 
-In a scratch database of the server (DATABASE_URL, else the embedded one):
-pgbench's single-client commit rate first; then the backlog, the worker, and
-in one run of it:
+In a scratch database of the server: the backlog, the worker, and in one run
+of it:
 
   before    the 40 queues' jobs a second over --window seconds;
   lock      a 10 s job U on queue slow2 (max_attempts 2) starts, then a 1 s
@@ -33,8 +32,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -49,17 +46,17 @@ import psycopg2.extensions
 # Run as a script, sys.path[0] is bench/; lib/ lives at the project root.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import (
+from bench import harness
+from bench.harness import (
     ROOT,
     CommitRate,
     Scratch,
-    begin,
-    context_lines,
-    finish,
-    machine_line,
-    measure_commit_rate,
-    run_record,
+    Server,
+    WorkerProcess,
+    add_pgbench_seconds,
     scratch_database,
+    spawn,
+    wait_until,
 )
 from lib.insert import Job, insert, insert_many
 from lib.store.sql import Q
@@ -138,14 +135,6 @@ class Run:
         return window
 
 
-def wait_until(predicate: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise SystemExit(f"timed out waiting: {what}")
-        time.sleep(0.05)
-
-
 def fill(url: str, per_queue: int) -> None:
     conn = psycopg2.connect(url)
     try:
@@ -160,7 +149,7 @@ def fill(url: str, per_queue: int) -> None:
         conn.close()
 
 
-def start_worker(url: str, work: Path) -> subprocess.Popen[bytes]:
+def start_worker(url: str, work: Path) -> WorkerProcess:
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "JOBS_HTTP_ADDR": "off",
@@ -169,8 +158,7 @@ def start_worker(url: str, work: Path) -> subprocess.Popen[bytes]:
         "LOG_LEVEL": "WARNING",
         "RUNS_FILE": str(work / "runs"),
     }
-    with open(work / "worker.log", "w") as out:
-        return subprocess.Popen([sys.executable, str(APP)], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    return spawn([sys.executable, str(APP)], env, work / "worker.log")
 
 
 def hold(run: Run, url: str, statement: str, params: Any, seconds: float) -> Held:
@@ -220,7 +208,7 @@ def u_record(work: Path, u: int) -> tuple[int, bool]:
     return starts, fenced
 
 
-def wind_down(run: Run, proc: subprocess.Popen[bytes], jobs: list[int]) -> int:
+def wind_down(run: Run, proc: WorkerProcess, jobs: list[int]) -> int:
     """Wait for U and L to end, pause the rest of the backlog, let the started
     jobs end, and stop the worker; its exit code."""
     for job_id in jobs:
@@ -228,8 +216,7 @@ def wind_down(run: Run, proc: subprocess.Popen[bytes], jobs: list[int]) -> int:
     for q in BUSY_QUEUES:
         run.one(Q.queue_pause, {"queue": q, "until": None, "reason": "bench/row_lock.py: done"})
     wait_until(lambda: run.one("SELECT count(*) FROM jobs WHERE status = 'started'")[0] == 0, 60, "no started job")
-    proc.send_signal(signal.SIGTERM)
-    return proc.wait(timeout=60)
+    return proc.stop()
 
 
 def scenario(scratch: Scratch, args: argparse.Namespace, work: Path) -> dict[str, Any]:
@@ -256,8 +243,8 @@ def scenario(scratch: Scratch, args: argparse.Namespace, work: Path) -> dict[str
         run.measure(after)
         exit_code = wind_down(run, proc, [u, l_id])
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        if proc.proc.poll() is None:
+            proc.proc.kill()
         run.conn.close()
     u_starts, u_fenced = u_record(work, u)
     log = (work / "worker.log").read_text()
@@ -285,11 +272,6 @@ def stored(phase: Window | Held) -> dict[str, Any]:
 
 
 def print_table(result: dict[str, Any]) -> None:
-    rate = result["commit_rate"]
-    print()
-    print("\n".join(context_lines(result)))
-    print(f"pgbench      {rate['version']}, -c 1 -j 1 -T {rate['seconds']}: {rate['tps']:,.0f} commits/s")
-    print(machine_line(result))
     options = result["options"]
     print(f"jobs         {40 * options['jobs_per_queue']:,} no-op jobs over 40 queues; lease {LEASE:g} s")
     print()
@@ -336,26 +318,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--jobs-per-queue", type=int, default=8000, help="backlog of each busy queue; enough for the whole run"
     )
-    parser.add_argument("--pgbench-seconds", type=int, default=5)
+    add_pgbench_seconds(parser, default=5)
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    server, load_at_start = begin()
-    started = time.monotonic()
-    with scratch_database(server) as scratch, tempfile.TemporaryDirectory() as tmp:
-        print(f"pgbench: {args.pgbench_seconds} s of single-row commits ...", flush=True)
-        rate: CommitRate = measure_commit_rate(scratch.url, args.pgbench_seconds)
-        found = scenario(scratch, args, Path(tmp))
-    result = {
-        **run_record(server, load_at_start),
-        "options": vars(args),
-        "commit_rate": asdict(rate),
-        **found,
-        "seconds": time.monotonic() - started,
-    }
-    return finish(result, "row_lock", print_table, note=f"took {result['seconds']:.0f} s; ")
+
+    def measure(server: Server, rate: CommitRate) -> dict[str, Any]:
+        with scratch_database(server) as scratch, tempfile.TemporaryDirectory() as tmp:
+            return scenario(scratch, args, Path(tmp))
+
+    return harness.run("row_lock", args, measure, print_table)
 
 
 if __name__ == "__main__":

@@ -4,9 +4,7 @@ migration 017) and as a batch of one through jobs_step (migration 014).
 
 Run from the project root:  .venv/bin/python bench/step_cost.py [--steps 3000] [--rounds 4]
 
-On a scratch database (DATABASE_URL's server, else the embedded one): the
-server's commit rate (pgbench, one client, a single-row UPDATE a transaction),
-then, for each function, a queue of pending no-op jobs worked one at a time
+On a scratch database, for each function, a queue of pending no-op jobs worked one at a time
 by a plain psycopg2 connection (no gevent, no pool: only the statement and
 its commit), each step the previous job's outcome with the next claim, one
 round trip and one commit. The two take turns, --rounds times --steps steps
@@ -31,16 +29,7 @@ import psycopg2.extensions
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import (
-    begin,
-    context_lines,
-    finish,
-    machine_line,
-    measure_commit_rate,
-    process_cpu_seconds,
-    run_record,
-    scratch_database,
-)
+from bench.harness import CommitRate, Server, add_pgbench_seconds, process_cpu_seconds, run, scratch_database
 from lib.store.group_commit import Ask, batch_step, lone_step
 from lib.store.sql import STATEMENTS
 
@@ -131,11 +120,8 @@ def measure(url: str, steps: int, rounds: int, paths: list[str] | None = None) -
 
 
 def print_table(result: dict[str, Any]) -> None:
-    for line in context_lines(result):
-        print(line)
-    print(machine_line(result))
     rate = result["commit_rate"]["tps"]
-    print(f"commit rate  {rate:,.0f} tx/s (pgbench -c 1 -j 1, single-row UPDATE)\n")
+    print()
     header = f"{'one serial step (outcome + next claim)':40} {'steps/s':>9} {'of commit rate':>15}"
     print(f"{header} {'server CPU/step':>16}")
     for label, found in result["paths"].items():
@@ -147,18 +133,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=3000, help="timed steps of each function a round")
     parser.add_argument("--rounds", type=int, default=4)
-    parser.add_argument("--pgbench-seconds", type=int, default=10)
+    add_pgbench_seconds(parser)
     args = parser.parse_args(argv)
-    server, load_at_start = begin()
-    with scratch_database(server) as scratch:
-        commit = measure_commit_rate(scratch.url, args.pgbench_seconds)
-        paths = measure(scratch.url, args.steps, args.rounds)
-        result = {
-            **run_record(server, load_at_start),
-            "commit_rate": {"tps": commit.tps, "seconds": commit.seconds, "pgbench": commit.version},
-            "paths": paths,
-        }
-    return finish(result, "step_cost", print_table)
+
+    def measured(server: Server, rate: CommitRate) -> dict[str, Any]:
+        with scratch_database(server) as scratch:
+            return {"paths": measure(scratch.url, args.steps, args.rounds)}
+
+    return run("step_cost", args, measured, print_table)
 
 
 if __name__ == "__main__":

@@ -4,24 +4,24 @@ gevent), as a web app or a script that enqueues would be, through lib.insert.
   bulk:    --jobs jobs, --batch per transaction (1: insert() on an autocommit
            connection; more: insert_many() and a commit), timed; prints
            {"seconds": ...}
-  produce: one job per commit with a random pause, through
-           bench/apps/wake_producer.py's own loop; prints [[seq, commit time], ...]
+  produce: --jobs jobs, one per commit, a random --gap-min..--gap-max
+           seconds apart; prints [[seq, time.time() after the commit], ...]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
+import random
 import sys
 import time
 from pathlib import Path
 
 import psycopg2
+import psycopg2.extensions
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import wake_producer
 from compare_support import OURS_JOB_NAME as JOB_NAME
 from compare_support import enqueue_parser, round_robin
 
@@ -42,6 +42,19 @@ def bulk(conn: psycopg2.extensions.connection, queues: list[str], jobs: int, bat
     return time.perf_counter() - started
 
 
+def produce(
+    conn: psycopg2.extensions.connection, queue: str, jobs: int, gap: tuple[float, float]
+) -> list[tuple[int, float]]:
+    commits = []
+    for seq in range(jobs):
+        insert(conn, queue, JOB_NAME, {"seq": seq})
+        conn.commit()
+        commits.append((seq, time.time()))
+        # A random gap, so the commits never fall into step with anything periodic in the worker.
+        time.sleep(random.uniform(*gap))
+    return commits
+
+
 def main() -> int:
     args = enqueue_parser(__doc__).parse_args()
     queues = args.queues.split(",")
@@ -50,10 +63,7 @@ def main() -> int:
         if args.mode == "bulk":
             json.dump({"seconds": bulk(conn, queues, args.jobs, args.batch)}, sys.stdout)
         else:
-            producer = argparse.Namespace(
-                queue=queues[0], name=JOB_NAME, count=args.jobs, gap_min=args.gap_min, gap_max=args.gap_max
-            )
-            json.dump(wake_producer.single(conn, producer), sys.stdout)
+            json.dump(produce(conn, queues[0], args.jobs, (args.gap_min, args.gap_max)), sys.stdout)
     finally:
         conn.close()
     return 0

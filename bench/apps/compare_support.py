@@ -56,7 +56,7 @@ def worker_parser(description: str) -> argparse.ArgumentParser:
 def enqueue_parser(description: str) -> argparse.ArgumentParser:
     """The arguments of every enqueue process: 'bulk' (jobs/s, printed as JSON
     {"seconds": ...}) or 'produce' (one job per commit with a pause, printing
-    [[seq, time.time() after the commit], ...], as bench/apps/wake_producer.py)."""
+    [[seq, time.time() after the commit], ...])."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("mode", choices=("bulk", "produce"))
     parser.add_argument("--url", required=True)

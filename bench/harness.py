@@ -1,12 +1,16 @@
-"""What the benchmarks share: the server they run on, a scratch database on it,
-and the record of a run (server, code, machine) saved with every result.
+"""The one harness every benchmark runs in: the server (embedded, or
+DATABASE_URL's), scratch databases on it, the server's own commit rate measured
+in the same run, worker processes started and stopped, CPU from /proc, and the
+run's record (server, code, machine) printed above each table and saved.
 
-Imported as bench.common, once a benchmark has put the project root on
-sys.path (and monkey-patched, if it uses gevent: this module never imports it).
+A benchmark is its measure function and its table: `run()` does the rest.
+Imported as bench.harness, once a benchmark has put the project root on
+sys.path (this module never imports gevent).
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import logging
@@ -14,13 +18,15 @@ import os
 import platform
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -239,6 +245,18 @@ def process_cpu_seconds(pid: int) -> float | None:
     return None if stat is None else stat.cpu
 
 
+def rss_mb(pid: int) -> float:
+    """A process's resident memory (VmRSS), 0 once it is gone."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return 0.0
+    for line in lines:
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
 def postgres_cpu_seconds(pid: int) -> float | None:
     """CPU time of a postgres process; None when pid is not one here."""
     try:
@@ -377,6 +395,149 @@ def measure_commit_rate(url: str, seconds: int) -> CommitRate:
     return CommitRate(float(match.group(1)), seconds, binary, version)
 
 
+def commit_rate(server: Server, seconds: int) -> CommitRate:
+    """The server's commit rate in a scratch database of its own: every
+    benchmark's results are read against it."""
+    with scratch_database(server, migrated=False) as scratch:
+        return measure_commit_rate(scratch.url, seconds)
+
+
+# ---------------------------------------------------------------- reading the server
+
+
+def backends(admin: psycopg2.extensions.connection, dbname: str) -> int:
+    """Client connections to dbname now."""
+    with admin.cursor() as cur:
+        cur.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND backend_type = 'client backend'", (dbname,)
+        )
+        return int(cur.fetchone()[0])
+
+
+class ConnectionSampler:
+    """The most connections the database held, sampled from a thread over a
+    connection of its own (to the server's default database, never counted)."""
+
+    def __init__(self, server_url: str, dbname: str, every: float) -> None:
+        self.server_url, self.dbname, self.every = server_url, dbname, every
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        conn = admin_connect(self.server_url)
+        try:
+            while not self._stop.is_set():
+                self.peak = max(self.peak, backends(conn, self.dbname))
+                self._stop.wait(self.every)
+        finally:
+            conn.close()
+
+    def __enter__(self) -> ConnectionSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def query_one(url: str, sql: str, params: Any = None) -> tuple[Any, ...]:
+    """One row of one statement, on a short autocommit connection of the benchmark's own."""
+    conn = admin_connect(url)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(sql, params)
+            return cur.fetchone()
+    finally:
+        conn.close()
+
+
+def vacuum_analyze(url: str) -> None:
+    """Planner statistics and the visibility map as autovacuum would leave them
+    after an enqueue, for every run alike."""
+    conn = admin_connect(url)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("VACUUM ANALYZE")
+    finally:
+        conn.close()
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"timed out waiting: {what}")
+        time.sleep(0.05)
+
+
+# ---------------------------------------------------------------- worker processes
+
+STOP_TIMEOUT = 60.0
+
+
+@dataclass
+class WorkerProcess:
+    """A worker process of a benchmark, its output in log_file. The worker
+    apps of bench/apps/ write done_file once --target handlers have started,
+    and each start to starts_file as they stop."""
+
+    proc: subprocess.Popen[bytes]
+    log_file: Path
+    done_file: Path | None = None
+    starts_file: Path | None = None
+
+    def log_tail(self) -> str:
+        return self.log_file.read_text(errors="replace")[-3000:] if self.log_file.exists() else ""
+
+    def stop(self) -> int:
+        """SIGTERM, as a deployment stops a worker; killed if it outstays STOP_TIMEOUT. Its exit code."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+    def starts(self) -> dict[int, float]:
+        if self.starts_file is None or not self.starts_file.exists():
+            return {}
+        return {int(seq): t for seq, t in json.loads(self.starts_file.read_text())}
+
+
+def spawn(command: list[str], env: dict[str, str], log_file: Path) -> WorkerProcess:
+    with log_file.open("wb") as log:
+        proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    return WorkerProcess(proc, log_file)
+
+
+@contextmanager
+def worker(command: list[str], env: dict[str, str], work: Path, target: int) -> Iterator[WorkerProcess]:
+    """A bench/apps/ worker process with its done and starts files in work,
+    stopped at the end however the block ends."""
+    done_file, starts_file = work / "done", work / "starts.json"
+    for path in (done_file, starts_file):
+        path.unlink(missing_ok=True)
+    command = [*command, "--target", str(target), "--done-file", str(done_file), "--starts-file", str(starts_file)]
+    run = spawn(command, env, work / "worker.log")
+    run.done_file, run.starts_file = done_file, starts_file
+    try:
+        yield run
+    finally:
+        run.stop()
+
+
+def stop_all(runs: list[WorkerProcess]) -> None:
+    """SIGTERM to every process at once, then wait for each."""
+    for run in runs:
+        if run.proc.poll() is None:
+            run.proc.send_signal(signal.SIGTERM)
+    for run in runs:
+        run.stop()
+
+
 # ---------------------------------------------------------------- the run's record
 
 
@@ -466,21 +627,49 @@ def percentile(values: list[float], p: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
-def begin(quiet: bool = True) -> tuple[Server, float]:
-    """How every benchmark's main starts: the machine's load average before
-    anything runs (its record holds it), then the server, started if it is
-    the embedded one. quiet: the project's own logging at WARNING only."""
-    if quiet:
-        logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s %(message)s")
-    return get_server(), load_average()
+def header_lines(result: dict[str, Any]) -> list[str]:
+    """What every table starts with: the server, the code, the commit rate, the machine."""
+    rate = result["commit_rate"]
+    return [
+        *context_lines(result),
+        f"commit rate  {rate['tps']:,.0f} tx/s ({rate['version']}, -c 1 -j 1 -T {rate['seconds']},"
+        " one single-row UPDATE a commit)",
+        machine_line(result),
+    ]
 
 
-def finish(
-    result: dict[str, Any], name: str, print_table: Callable[[dict[str, Any]], None] | None = None, note: str = ""
+def add_pgbench_seconds(parser: argparse.ArgumentParser, default: int = 10) -> None:
+    parser.add_argument(
+        "--pgbench-seconds", type=int, default=default, help="the commit rate's pgbench run (default %(default)s)"
+    )
+
+
+def run(
+    name: str,
+    args: argparse.Namespace,
+    measure: Callable[[Server, CommitRate], dict[str, Any]],
+    print_table: Callable[[dict[str, Any]], None],
 ) -> int:
-    """How every benchmark's main ends: its table (unless it printed its own),
-    and where its record went."""
-    if print_table is not None:
-        print_table(result)
-    print(f"\n{note}saved {save(result, name).relative_to(ROOT)}")
+    """A benchmark's whole run: the machine's load average before anything
+    runs, the server (started if it is the embedded one), its commit rate,
+    measure's results, the table under the run's header, and the record
+    saved to bench/results/. The project's own logging at WARNING only."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s %(message)s")
+    load_at_start = load_average()
+    server = get_server()
+    started = time.monotonic()
+    print(f"pgbench: {args.pgbench_seconds} s of single-row commits ...", flush=True)
+    rate = commit_rate(server, args.pgbench_seconds)
+    found = measure(server, rate)
+    result = {
+        **run_record(server, load_at_start),
+        "options": vars(args),
+        "commit_rate": asdict(rate),
+        **found,
+        "seconds": time.monotonic() - started,
+    }
+    print()
+    print("\n".join(header_lines(result)))
+    print_table(result)
+    print(f"\ntook {result['seconds'] / 60:.1f} min; saved {save(result, name).relative_to(ROOT)}")
     return 0
