@@ -6,6 +6,7 @@ import logging
 import sentry_sdk
 from tests_support import run_python
 
+from lib.job.text import describe
 from lib.setup import errors
 from lib.setup.settings import Settings
 
@@ -110,11 +111,11 @@ def test_describe_and_traceback_text_make_text_of_any_exception():
         raise RuntimeError("cut \ud83d and \x00")
     except RuntimeError as exc:
         cut = exc
-    assert errors.describe(cut) == "RuntimeError: cut \\ud83d and \\x00"
+    assert describe(cut) == "RuntimeError: cut \\ud83d and \\x00"
     text = errors.traceback_text(cut)
     assert text.encode() and text.endswith("RuntimeError: cut \\ud83d and \\x00\n")
-    assert errors.describe(_Unprintable()) == "<unprintable _Unprintable: __str__ raised ValueError>"
-    assert errors.describe(KeyError()) == "KeyError"
+    assert describe(_Unprintable()) == "<unprintable _Unprintable: __str__ raised ValueError>"
+    assert describe(KeyError()) == "KeyError"
     try:
         raise _Unprintable()
     except _Unprintable as exc:

@@ -31,7 +31,7 @@ ENGINE = frozenset({"gevent", "psycopg2", "psycopg", "psycogreen"})
 # layer: (the layers of lib it may import besides its own, the engine packages it may import)
 ALLOWED: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     "lib.job": (frozenset(), frozenset()),
-    "lib.setup": (frozenset(), frozenset()),
+    "lib.setup": (frozenset({"lib.job"}), frozenset()),
     "lib.greenlets": (frozenset({"lib.setup"}), frozenset({"gevent"})),
     "lib.store": (frozenset({"lib.setup", "lib.greenlets"}), frozenset({"gevent", "psycopg2", "psycogreen"})),
     "lib.clients": (frozenset({"lib.setup"}), frozenset()),

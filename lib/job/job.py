@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lib.job import status as st
-from lib.setup.errors import describe, safe_text
+from lib.job.text import describe, safe_text
 
 
 @dataclass(frozen=True)

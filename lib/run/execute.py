@@ -16,6 +16,7 @@ from lib.background.leases import LeaseLost, Leases
 from lib.greenlets.deadline import Deadline
 from lib.job import Handler, PendingJob, Snooze
 from lib.job import status as st
+from lib.job.text import safe_text
 from lib.run.outcome import (
     ArgsUnreadable,
     BadArgs,
@@ -31,7 +32,6 @@ from lib.run.outcome import (
     UnknownJob,
     UnknownName,
 )
-from lib.setup.errors import safe_text
 from lib.store.db import DB, is_database_error
 
 log = logging.getLogger("jobs")

@@ -14,7 +14,8 @@ from lib.greenlets.backoff import BASE_SECONDS as RETRY_BASE_SECONDS
 from lib.greenlets.backoff import backoff
 from lib.job import PendingJob, Snooze
 from lib.job import status as st
-from lib.setup.errors import capture, configured_secrets, describe, reporting, traceback_text
+from lib.job.text import describe
+from lib.setup.errors import capture, configured_secrets, reporting, traceback_text
 from lib.setup.redact import scrub
 
 log = logging.getLogger("jobs")

@@ -19,6 +19,7 @@ from lib.greenlets.backoff import Backoff
 from lib.insert import check_name
 from lib.job import Handler, PendingJob, Throttle, real_seconds
 from lib.job import status as st
+from lib.job.text import describe
 from lib.run.claim import Claimer, ClaimResult
 from lib.run.execute import Executor
 from lib.run.outcome import Abandon, Decision, GiveBack, Interrupted, Outcome, decide, recorded
@@ -26,7 +27,7 @@ from lib.run.release import Releaser
 from lib.run.runtime import Runtime
 from lib.run.write import Writer
 from lib.setup import counters
-from lib.setup.errors import Outage, capture, describe
+from lib.setup.errors import Outage, capture
 from lib.store.db import DB, is_database_error, is_server_error
 
 log = logging.getLogger("jobs")
