@@ -224,14 +224,14 @@ BEGIN
   RETURN QUERY
   WITH s AS (
     SELECT * FROM jobs_step(
-      CASE WHEN o THEN ARRAY[o_id] ELSE '{}' END, CASE WHEN o THEN ARRAY[o_worker] ELSE '{}' END,
-      CASE WHEN o THEN ARRAY[o_attempts] ELSE '{}' END, CASE WHEN o THEN ARRAY[o_status] ELSE '{}' END,
-      CASE WHEN o THEN ARRAY[o_retry_in] ELSE '{}' END, CASE WHEN o THEN ARRAY[o_last_error] ELSE '{}' END,
-      CASE WHEN o THEN ARRAY[o_traceback] ELSE '{}' END, CASE WHEN o THEN ARRAY[o_delay] ELSE '{}' END,
-      CASE WHEN o THEN ARRAY[o_uncounted] ELSE '{}' END,
-      CASE WHEN c THEN ARRAY[c_queue] ELSE '{}' END, CASE WHEN c THEN ARRAY[c_slot] ELSE '{}' END,
-      CASE WHEN c THEN ARRAY[c_worker] ELSE '{}' END, CASE WHEN c THEN ARRAY[c_lease] ELSE '{}' END,
-      CASE WHEN c THEN ARRAY[c_max_attempts] ELSE '{}' END, CASE WHEN c THEN ARRAY[c_id] ELSE '{}' END)
+      CASE WHEN o THEN ARRAY[o_id] ELSE ARRAY[]::bigint[] END, CASE WHEN o THEN ARRAY[o_worker] ELSE ARRAY[]::text[] END,
+      CASE WHEN o THEN ARRAY[o_attempts] ELSE ARRAY[]::int[] END, CASE WHEN o THEN ARRAY[o_status] ELSE ARRAY[]::text[] END,
+      CASE WHEN o THEN ARRAY[o_retry_in] ELSE ARRAY[]::float8[] END, CASE WHEN o THEN ARRAY[o_last_error] ELSE ARRAY[]::text[] END,
+      CASE WHEN o THEN ARRAY[o_traceback] ELSE ARRAY[]::text[] END, CASE WHEN o THEN ARRAY[o_delay] ELSE ARRAY[]::float8[] END,
+      CASE WHEN o THEN ARRAY[o_uncounted] ELSE ARRAY[]::int[] END,
+      CASE WHEN c THEN ARRAY[c_queue] ELSE ARRAY[]::text[] END, CASE WHEN c THEN ARRAY[c_slot] ELSE ARRAY[]::int[] END,
+      CASE WHEN c THEN ARRAY[c_worker] ELSE ARRAY[]::text[] END, CASE WHEN c THEN ARRAY[c_lease] ELSE ARRAY[]::float8[] END,
+      CASE WHEN c THEN ARRAY[c_max_attempts] ELSE ARRAY[]::int[] END, CASE WHEN c THEN ARRAY[c_id] ELSE ARRAY[]::bigint[] END)
   )
   SELECT * FROM s
   WHERE s.queue IS NULL OR s.id IS NOT NULL
