@@ -21,7 +21,7 @@ queue, the outcome sent together with the next claim. The headline is the p50 of
 last one at (b) over (a): the target is at most 1.2.
 
 Then, on each, the server's side: rolled-back EXPLAIN (ANALYZE, BUFFERS) of the
-job_claim and job_finalize named queries (execution time, and the buffers the
+job_claim and job_step_one (an outcome alone) named queries (execution time, and the buffers the
 function's statements touched, which the Function Scan's count includes), and,
 where the server has auto_explain, the plans of the statements inside
 jobs_step_one (generic, as the function runs them), to show
@@ -65,7 +65,7 @@ from bench.harness import (
 )
 from lib.insert import Job, insert_many
 from lib.store.db import DB
-from lib.store.group_commit import Committer, Reply
+from lib.store.group_commit import Ask, Committer, Reply, lone_step
 from lib.store.sql import Q
 
 QUEUE = "flat"
@@ -154,7 +154,7 @@ class Phase:
     step_ms: Spread | None = None  # outcome and the next claim together: a busy queue's steady state
     claim_ms: Spread | None = None  # a claim alone
     outcome_ms: Spread | None = None  # an outcome alone
-    # Server: rolled-back EXPLAIN (ANALYZE, BUFFERS) of job_claim / job_finalize, no commit.
+    # Server: rolled-back EXPLAIN (ANALYZE, BUFFERS) of job_claim / job_step_one (an outcome alone), no commit.
     claim_exec_ms: Spread | None = None
     finalize_exec_ms: Spread | None = None
     claim_buffers: Spread | None = None  # shared buffers hit + read, the function's statements included
@@ -354,7 +354,8 @@ def explain(db: DB) -> tuple[str, str]:
                 job = cur.fetchone()
                 if job is None:
                     raise RuntimeError("the explained claim claimed nothing")
-                cur.execute("EXPLAIN (ANALYZE, BUFFERS) " + Q.job_finalize, finalize_params(*job))
+                sql, params = lone_step(Ask(finalize_params(*job), None))
+                cur.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql, params)
                 finalize = "\n".join(r[0] for r in cur.fetchall())
         finally:
             conn.rollback()
@@ -425,7 +426,7 @@ def nested_plans(url: str) -> tuple[list[dict[str, Any]], str | None]:
                 row = cur.fetchone()
                 if row is None or row[0] is None:
                     raise RuntimeError("the auto_explain claim claimed nothing")
-                cur.execute(Q.job_finalize, finalize_params(row[0], row[3]))
+                cur.execute(*lone_step(Ask(finalize_params(row[0], row[3]), None)))
                 cur.fetchall()
             conn.rollback()
         return [_logged(n) for n in conn.notices if "plan:" in n], None
@@ -536,7 +537,10 @@ def print_table(result: dict[str, Any]) -> None:
         f" in rounds of {ROUND}, alternating between (a) and (b)"
     )
     print("client: the group commit's send as a poller makes it (one job_step_one round trip and commit)")
-    print(f"srv: {options['explains']} rolled-back EXPLAIN (ANALYZE, BUFFERS) of job_claim / job_finalize, no commit")
+    print(
+        f"srv: {options['explains']} rolled-back EXPLAIN (ANALYZE, BUFFERS) "
+        "of job_claim / job_step_one (outcome), no commit"
+    )
     print(f"{'':>18}  {'ms':<30}{'mean':>9}{'p50':>9}{'p99':>9}{'max':>9}")
     for p in result["phases"]:
         rows = [

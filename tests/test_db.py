@@ -273,17 +273,17 @@ def test_values_written_without_the_driver_are_what_the_driver_writes(db):
     """lib.store.db writes the common values of a prepared statement itself: byte for
     byte what psycopg2's mogrify writes, or None to leave the value (and the
     statement) to the driver."""
-    from lib.store.db import _literal
+    from lib.store.binding import literal
 
     fast = 0
     with db.connection() as conn, conn.cursor() as cur:
         for value in LITERAL_VALUES:
-            written = _literal(value)
+            written = literal(value)
             if written is not None:
                 fast += 1
                 assert written == cur.mogrify("%s", (value,)), value
         for other in ({"a": 1}, [1], b"x", psycopg2.extensions.ISQLQuote):
-            assert _literal(other) is None
+            assert literal(other) is None
     # Infinities, NaN and strings that need escaping or are not plain ASCII stay the driver's.
     assert fast == len(LITERAL_VALUES) - 3 - 5
 

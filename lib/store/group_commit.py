@@ -11,8 +11,8 @@ under load a batch grows by itself. When batches carry one ask each (a
 serial queue, an idle worker), a job's outcome goes at once from the
 greenlet that asked, without the hop to the sender and back: outcomes come
 one at a time as jobs end, not in a burst of one turn. A batch of one goes
-as jobs_step_one (migration 017): the same rules as jobs_step's for one ask,
-at less cost to the server.
+as jobs_step_one, each field a plain value: a batch of one of jobs_step,
+where the rules are written once (migration 022).
 
 One batch is on its way at a time (a second beside it would meet the first
 on the same queue's turn and be told to come back later), on a connection
@@ -31,6 +31,7 @@ from gevent.event import AsyncResult
 
 from lib.greenlets.deadline import Deadline, Expired
 from lib.greenlets.standby import Standby
+from lib.store.binding import array_literal
 from lib.store.db import DB, NoReply, Row, Unsendable, is_server_error
 from lib.store.sql import Q
 
@@ -52,7 +53,7 @@ class Reply:
 
 @dataclass
 class Ask:
-    outcome: dict[str, Any] | None  # job_finalize's parameters
+    outcome: dict[str, Any] | None  # the fields of _OUTCOME, by their short names
     claim: dict[str, Any] | None  # job_claim's parameters
     reply: AsyncResult = field(default_factory=AsyncResult)
 
@@ -74,7 +75,7 @@ class Committer:
         self.asks = 0
 
     def send(self, outcome: dict[str, Any] | None, claim: dict[str, Any] | None) -> Reply:
-        """Write an outcome (job_finalize's parameters) and/or claim (job_claim's),
+        """Write an outcome (the fields of _OUTCOME) and/or claim (job_claim's parameters),
         in the next batch; raises what the batch raised."""
         ask = Ask(outcome, claim)
         if outcome is None or self._in_flight or self._asks or not self._alone:
@@ -154,7 +155,7 @@ class Committer:
             raise lost from None
 
 
-# The fields of an outcome (job_finalize's parameters) and of a claim (job_claim's),
+# The fields of an outcome and of a claim (job_claim's parameters),
 # each with its parameter's name in job_step and job_step_one.
 _OUTCOME = tuple(
     (f"o_{k}", k)
@@ -164,8 +165,8 @@ _CLAIM = tuple((f"c_{k}", k) for k in ("queue", "slot", "worker_id", "lease", "m
 
 
 def lone_step(ask: Ask) -> tuple[str, dict[str, Any]]:
-    """The statement for a lone ask, each field a plain value: jobs_step_one, which costs the
-    server about a quarter less than jobs_step's batch statement (migration 017)."""
+    """The statement for a lone ask, each field a plain value: jobs_step_one, which
+    makes them the one-element arrays of jobs_step's batch."""
     params = {name: None if ask.outcome is None else ask.outcome[k] for name, k in _OUTCOME}
     params.update({name: None if ask.claim is None else ask.claim[k] for name, k in _CLAIM})
     return Q.job_step_one, params
@@ -178,34 +179,6 @@ def batch_step(asks: list[Ask]) -> tuple[str, dict[str, str]]:
     params = {name: array_literal([o[k] for o in outcomes]) for name, k in _OUTCOME}
     params.update({name: array_literal([c[k] for c in claims]) for name, k in _CLAIM})
     return Q.job_step, params
-
-
-def array_literal(values: list[Any]) -> str:
-    """A Postgres array literal of ints, floats, strings and Nones, for the
-    statement to cast (job_step's %(...)s::bigint[] and so on). The driver
-    then quotes one string per column instead of adapting each value: a
-    batch of 40 queues is 600 values, and this is four times quicker. A NUL
-    character still raises the driver's ValueError, as it did per value."""
-    return "{" + ",".join([_element(v) for v in values]) + "}"
-
-
-def _element(value: Any) -> str:
-    kind = type(value)
-    if kind is int or kind is float:  # most of a batch's values, and the cheapest test
-        return repr(value)  # float8in reads inf and nan too
-    if value is None:
-        return "NULL"
-    if isinstance(value, str):
-        # Quoted, so "NULL", commas and braces stay text; inside, backslash and double quote are escaped.
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    if isinstance(value, bool):
-        raise TypeError("no array element for bool")
-    # Subclasses (an IntEnum, numpy's float64) as the plain number they are: their repr may be another text.
-    if isinstance(value, int):
-        return repr(int(value))
-    if isinstance(value, float):
-        return repr(float(value))
-    raise TypeError(f"no array element for {type(value).__name__}")
 
 
 class _Answers:
