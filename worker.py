@@ -27,8 +27,9 @@ from lib.operate import overview, queue_state, setup_check  # noqa: E402
 from lib.operate.queue_state import AUTH_PREFIX, pause, resume  # noqa: E402
 from lib.run.poller import FINALIZING, Poller  # noqa: E402
 from lib.setup import errors, logs  # noqa: E402
+from lib.setup.dsn import dsn_place, mask_secret  # noqa: E402
 from lib.setup.errors import Outage  # noqa: E402
-from lib.setup.settings import SettingError, Settings, dsn_place, mask_secret  # noqa: E402
+from lib.setup.settings import SettingError, Settings  # noqa: E402
 from lib.store.db import DB, behind_pooler, is_conn_failure, is_database_error  # noqa: E402
 from lib.store.forks import refuse_fork  # noqa: E402
 from lib.store.migrate import migrate  # noqa: E402

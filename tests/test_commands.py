@@ -27,7 +27,8 @@ from lib.operate.cli import make_parser
 from lib.operate.queue_state import pause
 from lib.operate.registry_check import handled
 from lib.setup import embedded
-from lib.setup.settings import Settings, masked_dsn
+from lib.setup.dsn import masked_dsn
+from lib.setup.settings import Settings
 from queues import REGISTRY
 
 SECRET_ARG = "args-are-private-4711"

@@ -30,9 +30,9 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 from lib.http import metrics
 from lib.http.web import App, Environ, Request, StartResponse, text
 from lib.operate import overview
+from lib.setup.dsn import mask_secret
 from lib.setup.errors import Outage, capture
 from lib.setup.logs import one_line
-from lib.setup.settings import mask_secret
 from lib.store.db import PoolTimeout, is_conn_failure, is_server_error
 from lib.store.migrate import migrations
 from lib.store.sql import Q

@@ -27,8 +27,8 @@ from lib.job.args import ArgsError, unmarshal_args
 from lib.operate import overview
 from lib.operate.overview import ALIVE_PERIODS, QueueStats, WorkerInfo, queue_stats, unrun_line, unrun_queues, workers
 from lib.operate.redrive import RedriveResult, redrive
+from lib.setup.dsn import masked_dsn
 from lib.setup.logs import one_line
-from lib.setup.settings import masked_dsn
 from lib.store.sql import Q
 
 # What a job enqueued from the command line records as its writer.

@@ -19,8 +19,8 @@ import traceback
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from lib.setup.dsn import dsn_secrets
 from lib.setup.redact import scrub
-from lib.setup.settings import dsn_secrets
 
 if TYPE_CHECKING:
     from lib.setup.settings import Settings
