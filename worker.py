@@ -38,7 +38,8 @@ from lib.store.wakeups import Listener  # noqa: E402
 if TYPE_CHECKING:
     from argparse import Namespace
 
-    from lib.http.httpd import HttpServer, Starting
+    from lib.http.health import Starting
+    from lib.http.httpd import HttpServer
 
 log = logging.getLogger("jobs.worker")
 
@@ -147,7 +148,8 @@ def _serve_starting(settings: Settings, supervisor: Supervisor) -> "tuple[Starti
         return None, None
     # Only here: the endpoints load prometheus-client, which a worker that
     # serves none does without (lib/setup/counters.py).
-    from lib.http.httpd import HttpServer, Starting, starting_app
+    from lib.http.health import Starting
+    from lib.http.httpd import HttpServer, starting_app
 
     starting = Starting()
     http = HttpServer(settings.http_addr, starting_app(starting))

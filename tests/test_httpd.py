@@ -18,7 +18,8 @@ from tests_support import ROOT, wait_for
 import worker
 from lib.greenlets.supervise import Supervisor
 from lib.http import metrics
-from lib.http.httpd import Health, HttpServer, make_app
+from lib.http.health import Health
+from lib.http.httpd import HttpServer, make_app
 from lib.insert import insert
 from lib.run.poller import Poller
 from lib.setup.parsers import http_addr

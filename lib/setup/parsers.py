@@ -19,8 +19,6 @@ from lib.setup.dsn import URL_SCHEME, mask_secret, masked_dsn
 # Loopback: the endpoints (and the admin page) are for the machine itself and
 # an SSH tunnel to it, not for the network.
 DEFAULT_HTTP_ADDR = ("127.0.0.1", 9400)
-
-
 # A token short enough to guess would make the constant-time compare pointless.
 MIN_ADMIN_TOKEN = 16
 
@@ -250,8 +248,6 @@ _CHOICES = {
 
 
 _TLS_VERSIONS = ("TLSv1", "TLSv1.1", "TLSv1.2", "TLSv1.3")
-
-
 _WHOLE_OPTIONS = (
     "connect_timeout",
     "keepalives",
@@ -264,8 +260,6 @@ _WHOLE_OPTIONS = (
 
 # A host name as DNS (and /etc/hosts) can hold one; a socket folder starts with "/" or "@".
 _HOST_NAME = re.compile(r"[A-Za-z0-9_.-]+")
-
-
 _WHOLE = re.compile(r"\s*[+-]?\d+\s*")
 
 

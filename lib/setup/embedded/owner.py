@@ -21,13 +21,9 @@ log = logging.getLogger("jobs.embedded")
 # Postgres refuses to run as root; as root the server runs as the first of
 # these the machine has.
 SERVER_USERS = ("postgres", "nobody")
-
-
 # As root, where the cluster lives when the server's user cannot reach the
 # data folder: a folder per data folder, which only root may create here.
 OUTSIDE_PARENT = Path("/var/lib")
-
-
 # sun_path holds 108 bytes, the last one a NUL.
 MAX_SOCKET_PATH = 107
 

@@ -19,17 +19,9 @@ log = logging.getLogger("jobs.embedded")
 # With no TCP listener the port only names the socket file; pinned so that a
 # PGPORT in the environment cannot send a client to another name.
 PORT = 5432
-
-
 SOCKET_NAME = f".s.PGSQL.{PORT}"
-
-
 START_TIMEOUT = 60.0
-
-
 STOP_TIMEOUT = 60.0
-
-
 # Servers this process launched, so it can reap the ones it stops.
 _children: dict[Path, subprocess.Popen[bytes]] = {}
 
