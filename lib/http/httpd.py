@@ -142,9 +142,8 @@ class HttpServer:
             head_timeout=self.head_timeout,
             max_connections=self.max_connections,
             # Else gevent asks the resolver for the address's name (a reverse
-            # lookup) at start, and that starts its thread pool (a thread,
-            # and about 0.1 MB resident) in a worker that may resolve nothing
-            # else. No page reads SERVER_NAME.
+            # lookup) at start, and that starts its thread pool (a thread and
+            # its memory) in a worker that may resolve nothing else. No page reads SERVER_NAME.
             environ={"SERVER_NAME": self.addr[0]},
             # One line per request at DEBUG: a scrape every few seconds is not news.
             log=LoggingLogAdapter(log, logging.DEBUG),

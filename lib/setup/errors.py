@@ -4,8 +4,8 @@ Only explicit capture() calls send events. Log records never do: a loop that
 logs a failure every cycle must not become eighty events a minute.
 
 sentry-sdk is imported by init(), only when there is somewhere to report to:
-with its HTTP transport it is about 7 MB of a worker's memory, which a worker
-without SENTRY_DSN has no use for. Until it is imported no client can exist,
+with its HTTP transport it is a large part of a worker's memory, which a
+worker without SENTRY_DSN has no use for. Until it is imported no client can exist,
 so there is nothing to send an event to.
 """
 
