@@ -28,8 +28,9 @@ from lib.operate.queue_state import AUTH_PREFIX, pause, resume  # noqa: E402
 from lib.run.poller import Poller  # noqa: E402
 from lib.run.runtime import Runtime  # noqa: E402
 from lib.setup import errors, logs  # noqa: E402
+from lib.setup.dsn import dsn_place, mask_secret  # noqa: E402
 from lib.setup.errors import Outage  # noqa: E402
-from lib.setup.settings import SettingError, Settings, dsn_place, mask_secret  # noqa: E402
+from lib.setup.settings import SettingError, Settings  # noqa: E402
 from lib.store.db import DB, behind_pooler, is_conn_failure, is_database_error  # noqa: E402
 from lib.store.forks import refuse_fork  # noqa: E402
 from lib.store.group_commit import committer  # noqa: E402
@@ -39,7 +40,8 @@ from lib.store.wakeups import Listener  # noqa: E402
 if TYPE_CHECKING:
     from argparse import Namespace
 
-    from lib.http.httpd import HttpServer, Starting
+    from lib.http.health import Starting
+    from lib.http.httpd import HttpServer
 
 log = logging.getLogger("jobs.worker")
 
@@ -148,7 +150,8 @@ def _serve_starting(settings: Settings, supervisor: Supervisor) -> "tuple[Starti
         return None, None
     # Only here: the endpoints load prometheus-client, which a worker that
     # serves none does without (lib/setup/counters.py).
-    from lib.http.httpd import HttpServer, Starting, starting_app
+    from lib.http.health import Starting
+    from lib.http.httpd import HttpServer, starting_app
 
     starting = Starting()
     http = HttpServer(settings.http_addr, starting_app(starting))

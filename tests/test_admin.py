@@ -14,7 +14,8 @@ from proxy import Proxy
 import lib.http.admin
 from lib.http import metrics
 from lib.http.admin import Admin
-from lib.http.httpd import Health, make_app
+from lib.http.health import Health
+from lib.http.httpd import make_app
 from lib.operate import overview
 from lib.store.db import DB
 

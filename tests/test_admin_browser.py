@@ -25,7 +25,8 @@ from programs import require
 from lib.background import worker_registry
 from lib.http import metrics
 from lib.http.admin import Admin
-from lib.http.httpd import Health, make_app
+from lib.http.health import Health
+from lib.http.httpd import make_app
 from lib.insert import insert
 from lib.operate import overview
 

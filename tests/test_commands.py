@@ -22,12 +22,13 @@ from tests_support import ROOT
 import worker
 from lib.background import worker_registry
 from lib.job.args import ArgsError, unmarshal_args
-from lib.operate import commands, overview
+from lib.operate import commands, overview, tables
 from lib.operate.cli import make_parser
 from lib.operate.queue_state import pause
 from lib.operate.registry_check import handled
 from lib.setup import embedded
-from lib.setup.settings import Settings, masked_dsn
+from lib.setup.dsn import masked_dsn
+from lib.setup.settings import Settings
 from queues import REGISTRY
 
 SECRET_ARG = "args-are-private-4711"
@@ -136,7 +137,7 @@ def test_status_shows_each_queue_and_the_workers_live_and_dead(db, cli):
     assert queues["caches"]["done_1h"] == {"ok": 1, "fail": 0, "skip": 0, "err": 1}
     assert datetime.fromisoformat(queues["github"]["paused_until"]) == until
     assert queues["github"]["pause_reason"] == "vendor incident"
-    assert datetime.fromisoformat(queues["slack"]["paused_until"]) == commands.FOREVER
+    assert datetime.fromisoformat(queues["slack"]["paused_until"]) == tables.FOREVER
     assert datetime.fromisoformat(queues["apollo"]["throttled_until"]) > datetime.now(UTC)
     assert [(w["id"], w["alive"], w["holding"]) for w in got["workers"]] == [
         ("dead-1", False, 1),
@@ -264,7 +265,7 @@ def test_a_long_redrive_shows_progress_on_a_terminal_only(db):
     assert commands.redrive_failed(db, args, pipe, io.StringIO()) == 0
     assert f"{n}/{n}" in terminal.getvalue() and "\r" in terminal.getvalue()
     assert pipe.getvalue().startswith(f"would redrive {n} jobs: 1, 2, ")
-    assert f", and {n - commands.LISTED_IDS} more\n" in pipe.getvalue()
+    assert f", and {n - tables.LISTED_IDS} more\n" in pipe.getvalue()
     assert "\r" not in pipe.getvalue()
     args = make_parser(Settings()).parse_args(["redrive", "--queue", "caches"])
     assert commands.redrive_failed(db, args, terminal, io.StringIO()) == 0

@@ -63,7 +63,7 @@ def base() -> Iterator[Path]:
     finally:
         for lock in folder.rglob("lock"):
             embedded.stop(lock.parent)  # also removes a socket folder it made in /tmp
-            shutil.rmtree(embedded._outside_home(lock.parent), ignore_errors=True)
+            shutil.rmtree(embedded.owner.outside_home(lock.parent), ignore_errors=True)
         stop_servers_under(folder)
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -119,7 +119,7 @@ def assert_private(url: str, data_dir: Path) -> None:
     finally:
         conn.close()
     assert Path(data_directory).is_relative_to(data_dir) or Path(data_directory).is_relative_to(
-        embedded._outside_home(data_dir)
+        embedded.owner.outside_home(data_dir)
     )
 
     owner = server_user()
@@ -280,8 +280,8 @@ def test_a_server_that_cannot_start_says_why(source, base):
 def test_without_any_postgresql_one_message_says_what_to_install(monkeypatch, tmp_path):
     monkeypatch.delenv("JOBS_EMBEDDED", raising=False)
     monkeypatch.setenv("PATH", str(tmp_path))
-    monkeypatch.setattr(embedded, "bundled_bindir", lambda: None)
-    monkeypatch.setattr(embedded, "SYSTEM_BIN_GLOBS", ())
+    monkeypatch.setattr(embedded.bindir, "bundled_bindir", lambda: None)
+    monkeypatch.setattr(embedded.bindir, "SYSTEM_BIN_GLOBS", ())
     with pytest.raises(RuntimeError) as missing:
         embedded.start(tmp_path / "pgdata")
     message = str(missing.value)
@@ -330,7 +330,7 @@ def test_as_root_a_data_folder_closed_to_the_server_user_moves_the_cluster_out(s
     above = modes_above(data_dir)
 
     url = embedded.start(data_dir, source)
-    outside = embedded._outside_home(data_dir)
+    outside = embedded.owner.outside_home(data_dir)
     assert psycopg2.extensions.parse_dsn(url)["host"] == str(outside / f"{source}-socket")
     assert_private(url, data_dir)
     owner = server_user()

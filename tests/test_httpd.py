@@ -18,10 +18,12 @@ from tests_support import ROOT, wait_for
 import worker
 from lib.greenlets.supervise import Supervisor
 from lib.http import metrics
-from lib.http.httpd import Health, HttpServer, make_app
+from lib.http.health import Health
+from lib.http.httpd import HttpServer, make_app
 from lib.insert import insert
 from lib.run.poller import Poller
-from lib.setup.settings import SettingError, Settings, http_addr
+from lib.setup.parsers import http_addr
+from lib.setup.settings import SettingError, Settings
 from lib.store.db import DB
 from lib.store.migrate import migrate
 from lib.store.wakeups import Listener

@@ -18,7 +18,8 @@ from tests_support import wait_for
 from lib.background.leases import Leases
 from lib.greenlets.supervise import Supervisor
 from lib.http import metrics
-from lib.http.httpd import Health, make_app
+from lib.http.health import Health
+from lib.http.httpd import make_app
 from lib.insert import insert
 from lib.job import Snooze
 from lib.operate import overview

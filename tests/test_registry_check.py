@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 from lib.background.clock import Scheduled, every
-from lib.operate.registry_check import Writer, check, main
+from lib.operate.registry_check import check, main
+from lib.operate.writers import Writer
 from lib.run.poller import Poller
 from lib.store.db import DB
 from queues import REGISTRY

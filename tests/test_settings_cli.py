@@ -12,7 +12,9 @@ from sentry_server import SentryServer
 from tests_support import ROOT, wait_for
 
 from lib.insert import insert
-from lib.setup.settings import SettingError, Settings, check_dsn, dsn_password, masked_dsn
+from lib.setup.dsn import dsn_password, masked_dsn
+from lib.setup.parsers import check_dsn
+from lib.setup.settings import SettingError, Settings
 
 SECRET = "SEKRET-pw-4711"
 

@@ -2,21 +2,21 @@
 
 from lib.clients.anthropic import AnthropicClient
 from lib.clients.apollo import ApolloClient
-from lib.clients.base import (
-    APIClient,
+from lib.clients.base import APIClient
+from lib.clients.errors import (
     APIError,
     AuthError,
     BadInputError,
     InvalidArgument,
     NotConfigured,
     NotFoundError,
-    Outcome,
     OutcomeUnknown,
     OverloadedError,
     RateLimitError,
     ServerError,
 )
 from lib.clients.github import GitHubClient
+from lib.clients.outcomes import Outcome
 from lib.clients.slack import SlackClient
 
 __all__ = [

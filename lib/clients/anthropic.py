@@ -6,15 +6,10 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from lib.clients.base import (
-    APIClient,
-    APIError,
-    Outcome,
-    OverloadedError,
-    RateLimitError,
-    parse_retry_after,
-    parse_rfc3339,
-)
+from lib.clients.base import APIClient
+from lib.clients.errors import APIError, OverloadedError, RateLimitError
+from lib.clients.outcomes import Outcome
+from lib.clients.resets import parse_retry_after, parse_rfc3339
 
 if TYPE_CHECKING:
     import requests

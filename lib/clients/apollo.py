@@ -10,7 +10,10 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from lib.clients.base import APIClient, APIError, Outcome, OutcomeTable, RateLimitError, parse_retry_after
+from lib.clients.base import APIClient
+from lib.clients.errors import APIError, RateLimitError
+from lib.clients.outcomes import Outcome, OutcomeTable
+from lib.clients.resets import parse_retry_after
 
 if TYPE_CHECKING:
     import requests

@@ -1,20 +1,13 @@
-"""Shared plumbing for the third-party HTTP API clients.
+"""The HTTP client the third-party API clients share: one Session, the
+credential kept out of every error, capped bodies, redirects only within the
+API's origin, and each error answer turned into a typed error
+(lib/clients/errors.py) by the client's outcome table
+(lib/clients/outcomes.py).
 
-Each client turns the statuses it does not handle into one of the typed errors
-below, so job code can decide retry/stop/fail without knowing the API:
-
-- ``AuthError``: the credential was rejected; retrying will not help.
-- ``RateLimitError``: slow down; ``reset_at`` says when, if the API said.
-- ``BadInputError`` (``NotFoundError``): the request cannot succeed as sent.
-- ``ServerError``: the API failed; usually worth retrying later.
-- ``APIError``: anything else (bad request, forbidden resource, ...).
-
-Which of these an answer becomes is each client's ``OUTCOMES`` table (status,
-or status and the API's error code, to an ``Outcome``); ``outcome()`` says
-what the queue does about an error, ``may_repeat()`` whether a request
-that got no answer may be sent again, and ``answered_unknown()`` whether an
-answer says the request may have been carried out anyway. ``table_text()``
-renders a table for a queue's docstring.
+``outcome()`` says what the queue does about an error, ``may_repeat()``
+whether a request that got no answer may be sent again, and
+``answered_unknown()`` whether an answer says the request may have been
+carried out anyway.
 
 Network failures (connection refused, DNS, timeouts) are NOT wrapped: they
 propagate as ``requests.RequestException`` subclasses
@@ -28,237 +21,43 @@ module, ``requests`` yields to the hub on I/O by itself.
 from __future__ import annotations
 
 import logging
-import math
-import textwrap
 from collections.abc import Callable, Mapping
-from datetime import UTC, datetime, timedelta
-from email.utils import parsedate_to_datetime
-from enum import StrEnum
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import unquote, urljoin, urlsplit
 
-from lib.setup.redact import carries, scrub
+from lib.clients.errors import (
+    APIError,
+    AuthError,
+    BadInputError,
+    InvalidArgument,
+    NotConfigured,
+    NotFoundError,
+    OutcomeUnknown,
+    OverloadedError,
+    RateLimitError,
+    ServerError,
+    not_sent,
+    scrubbed,
+)
+from lib.clients.outcomes import IDEMPOTENT_METHODS, Outcome, OutcomeTable, table_outcome
+from lib.clients.resets import MAX_WAIT, clamp_reset, parse_retry_after, utc_now
+from lib.setup.redact import scrub
 
 if TYPE_CHECKING:
     # Imported when a client is built: a worker whose API queues are off
-    # (no token) never loads requests and urllib3, several MB of its memory.
+    # (no token) never loads requests and urllib3.
     import requests
+
+# The names the run pipeline imports from here (lib/run/api_queue.py).
+__all__ = ["MAX_WAIT", "APIClient", "InvalidArgument", "NotConfigured", "Outcome", "OutcomeUnknown"]
 
 log = logging.getLogger(__name__)
 
 MESSAGE_LIMIT = 200
 MiB = 1024 * 1024
-# The longest an API may send us away for. A job snoozed for a century (or a
-# Retry-After of inf) is a bug on either side; a day bounds it, and the job
-# comes back to ask again.
-MAX_WAIT = timedelta(days=1)
 # Redirects a client that follows them takes, one after another.
 MAX_REDIRECTS = 5
-
-
-def utc_now() -> datetime:
-    return datetime.now(UTC)
-
-
-class NotConfigured(Exception):
-    """The credential for a client is missing or unusable; the message names
-    its setting (the environment variable), never the credential."""
-
-
-class InvalidArgument(ValueError):
-    """A value the client will not put in a request (a GitHub login with a
-    slash, a path with a '..' segment); nothing was sent. The job's input is
-    at fault, not the worker or the API."""
-
-
-class APIError(Exception):
-    """The API answered with an error the caller should not blindly retry."""
-
-    def __init__(self, status: int, method: str, path: str, message: str, *, reset_at: datetime | None = None) -> None:
-        self.status = status
-        self.method = method
-        self.path = path
-        self.message = message
-        # When the API said to come back (rate limits, overload); None otherwise.
-        self.reset_at = reset_at
-        super().__init__(f"{method} {path} -> {status}: {message}")
-
-
-class Outcome(StrEnum):
-    """What a queue does about an API's answer (lib/run/api_queue.py)."""
-
-    RATE_LIMIT = "rate_limit"  # snooze the job until the limit resets
-    BAD_TOKEN = "bad_token"  # pause the queue for an hour, one report
-    BAD_INPUT = "bad_input"  # fail: no report, no retry
-    TRANSIENT = "transient"  # retry with backoff, counted, one report per run
-    FAULT = "fault"  # err, reported
-
-
-# A table's key: a status, or a status and the API's error code (the more
-# specific one wins).
-OutcomeKey = int | tuple[int, str]
-OutcomeTable = Mapping[OutcomeKey, Outcome]
-
-# Methods HTTP defines as idempotent: sent twice, they do what once does.
-IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
-
-
-def table_outcome(table: OutcomeTable, status: int, code: str | None = None) -> Outcome:
-    """The outcome table says for status (and code); a status not in it is
-    transient from 500 up, a fault below."""
-    if code is not None and (status, code) in table:
-        return table[(status, code)]
-    if status in table:
-        return table[status]
-    return Outcome.TRANSIENT if status >= 500 else Outcome.FAULT
-
-
-def table_text(table: Mapping[Any, Outcome]) -> str:
-    """table as the lines a queue's docstring shows: each outcome, its keys."""
-    lines: list[str] = []
-    for outcome in Outcome:
-        keys = ", ".join(str(key) for key, o in table.items() if o is outcome)
-        if keys:
-            lines += textwrap.wrap(f"- {outcome}: {keys}", 79, subsequent_indent="  ", break_on_hyphens=False)
-    return "\n".join(lines)
-
-
-class BadInputError(APIError):
-    """The API refused the request as sent (malformed, too large, no such
-    resource): a retry sends the same request and gets the same answer."""
-
-
-class NotFoundError(BadInputError):
-    """404: the resource does not exist (or is hidden from this credential)."""
-
-
-class AuthError(APIError):
-    """The credential was rejected (invalid, revoked, expired)."""
-
-
-class RateLimitError(APIError):
-    """Rate limited; ``reset_at`` is when to try again (UTC), if the API
-    said. A limit met again and again is waited out longer each time, and
-    given up on (lib/run/api_queue.py, RATE_LIMIT_BUDGET)."""
-
-
-class ServerError(APIError):
-    """The API failed on its side (5xx)."""
-
-
-class OverloadedError(ServerError):
-    """The API is overloaded for everyone (Anthropic's 529), not a quota of ours.
-
-    A ServerError rather than a RateLimitError because slowing down our own
-    traffic does not fix it; ``reset_at`` is set only if retry-after was sent.
-    """
-
-
-class OutcomeUnknown(Exception):
-    """A request that is not safe to send twice (it posts, it spends credits)
-    was sent and no answer came back: it may have been carried out. Not
-    retried; the job ends with this for a person to look at."""
-
-    # Read by the poller: the job ends with this error though attempts remain.
-    final = True
-
-
-def not_sent(exc: BaseException) -> bool:
-    """Whether exc proves the request never reached the server: the
-    connection was refused, its name did not resolve, or connecting timed out."""
-    import requests
-    from urllib3.exceptions import NewConnectionError
-
-    if isinstance(exc, requests.ConnectTimeout):
-        return True
-    if not isinstance(exc, requests.ConnectionError):
-        return False
-    for link in _chain(exc):
-        for part in (link, getattr(link, "reason", None), *link.args):
-            if isinstance(part, NewConnectionError) or isinstance(getattr(part, "reason", None), NewConnectionError):
-                return True
-    return False
-
-
-def clamp_reset(moment: datetime, now: datetime) -> datetime:
-    """moment, but not before now and not more than MAX_WAIT after it."""
-    return min(max(moment, now), now + MAX_WAIT)
-
-
-def parse_retry_after(value: str | None, now: datetime) -> datetime | None:
-    """Absolute UTC moment from a Retry-After value (delta-seconds or
-    HTTP-date), within [now, now + MAX_WAIT]; None when unusable (nan too)."""
-    if not value:
-        return None
-    value = value.strip()
-    try:
-        seconds = float(value)
-    except ValueError:
-        pass
-    else:
-        if math.isnan(seconds):
-            return None
-        # Clamped before timedelta sees it: inf and 1e12 overflow it.
-        return now + timedelta(seconds=min(max(seconds, 0.0), MAX_WAIT.total_seconds()))
-    try:
-        moment = parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return clamp_reset(moment.astimezone(UTC), now)
-
-
-def parse_http_date(value: str | None) -> datetime | None:
-    """Absolute UTC moment from an HTTP-date (a Date header); None when unusable."""
-    if not value:
-        return None
-    try:
-        moment = parsedate_to_datetime(value.strip())
-    except (TypeError, ValueError):
-        return None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return moment.astimezone(UTC)
-
-
-def reset_by_server_clock(reset: datetime, response: requests.Response, now: datetime, minimum: timedelta) -> datetime:
-    """When to come back for a reset moment the API gave by its own clock.
-
-    A reset already past by our clock means our clock is ahead of the API's
-    (the limit still holds, or the API would not have refused): the wait is
-    then the reset less the API's own Date, or the minimum when there is no
-    usable Date or the reset is past by the API's clock too. Never now itself.
-    """
-    if reset > now:
-        return reset
-    server_now = parse_http_date(response.headers.get("date"))
-    if server_now is not None and reset > server_now:
-        return now + (reset - server_now)
-    return now + minimum
-
-
-def parse_epoch(value: str | None) -> datetime | None:
-    """Absolute UTC moment from a header holding UTC epoch seconds."""
-    if not value:
-        return None
-    try:
-        return datetime.fromtimestamp(float(value), UTC)
-    except (ValueError, OverflowError, OSError):
-        return None
-
-
-def parse_rfc3339(value: str | None) -> datetime | None:
-    """Absolute UTC moment from an RFC 3339 timestamp such as 2030-01-02T03:04:05Z."""
-    if not value:
-        return None
-    try:
-        moment = datetime.fromisoformat(value.strip())
-    except ValueError:
-        return None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return moment.astimezone(UTC)
 
 
 def _checked_token(token: str, name: str) -> str:
@@ -307,18 +106,6 @@ def check_path(path: str) -> None:
             raise InvalidArgument(f"path {route!r:.100} has an empty, '.', '..' or slashed segment")
 
 
-def _chain(exc: BaseException) -> list[BaseException]:
-    """exc and every exception it chains, as a traceback or Sentry shows them."""
-    seen: list[BaseException] = []
-    todo: list[BaseException | None] = [exc]
-    while todo:
-        current = todo.pop()
-        if current is not None and all(current is not e for e in seen):
-            seen.append(current)
-            todo += [current.__cause__, current.__context__]
-    return seen
-
-
 def extract_message(body: Any, text: str) -> str:
     """The API's own error message if the body carries one, else a body excerpt.
 
@@ -334,6 +121,25 @@ def extract_message(body: Any, text: str) -> str:
                 return body[key][:MESSAGE_LIMIT]
     excerpt = " ".join(text.split())
     return excerpt[:MESSAGE_LIMIT] or "(empty body)"
+
+
+def read_body(response: requests.Response, cap: int, method: str, path: str) -> None:
+    """Read the body into response.content, refusing one over cap bytes
+    before it is all in memory."""
+    too_large = APIError(response.status_code, method, path, f"response body larger than {_size(cap)}")
+    declared = response.headers.get("content-length", "").strip()
+    # Said up front only when not compressed: the cap counts what decompresses.
+    if declared.isdigit() and int(declared) > cap and not response.headers.get("content-encoding"):
+        raise too_large
+    chunks, size = [], 0
+    for chunk in response.iter_content(64 * 1024):
+        size += len(chunk)
+        if size > cap:
+            raise too_large
+        chunks.append(chunk)
+    # Where requests keeps a body it read itself, so .content, .text and
+    # .json() work as usual for _classify.
+    response._content = b"".join(chunks)
 
 
 class APIClient:
@@ -508,60 +314,12 @@ class APIClient:
         try:
             return self._send(method, path, json=json, params=params)
         except Exception as exc:
-            clean = self._scrubbed(exc)
+            clean = scrubbed(exc, self._token)
             if clean is exc:
                 raise
         # Raised outside the except block, so the original (token and all)
         # is not attached as its __context__.
         raise clean
-
-    def _scrubbed(self, exc: Exception) -> Exception:
-        """exc itself when neither it nor what it chains shows the token, else
-        an exception of the same kind whose text has the token redacted and
-        that chains nothing."""
-        chain = _chain(exc)
-        if not any(carries(text, [self._token]) for e in chain for text in (str(e), repr(e))):
-            return exc
-        if isinstance(exc, APIError):
-            # Ours: every part of its text can be cleaned in place.
-            exc.message = scrub(exc.message, [self._token])
-            exc.path = scrub(exc.path, [self._token])
-            exc.args = (f"{exc.method} {exc.path} -> {exc.status}: {exc.message}",)
-            exc.__cause__ = exc.__context__ = None
-            exc.__suppress_context__ = True
-            return exc
-        text = scrub(str(exc), [self._token])
-        try:
-            clean = type(exc)(text)
-        except Exception:
-            clean = None
-        if clean is None or carries(str(clean), [self._token]):
-            # A kind that cannot be built from its message alone: say it was
-            # a request failure, which every caller already handles.
-            import requests
-
-            clean = requests.RequestException(f"{type(exc).__name__}: {text}")
-        clean.__suppress_context__ = True
-        return clean
-
-    def _read_body(self, response: requests.Response, method: str, path: str) -> None:
-        """Read the body into response.content, refusing one over the cap
-        before it is all in memory."""
-        cap = self.MAX_RESPONSE_BYTES
-        too_large = APIError(response.status_code, method, path, f"response body larger than {_size(cap)}")
-        declared = response.headers.get("content-length", "").strip()
-        # Said up front only when not compressed: the cap counts what decompresses.
-        if declared.isdigit() and int(declared) > cap and not response.headers.get("content-encoding"):
-            raise too_large
-        chunks, size = [], 0
-        for chunk in response.iter_content(64 * 1024):
-            size += len(chunk)
-            if size > cap:
-                raise too_large
-            chunks.append(chunk)
-        # Where requests keeps a body it read itself, so .content, .text and
-        # .json() work as usual for _classify.
-        response._content = b"".join(chunks)
 
     def _next_url(self, response: requests.Response, method: str, path: str) -> str | None:
         """Where to follow this response to; None when it is not a redirect
@@ -596,10 +354,10 @@ class APIClient:
                 headers=self._headers(),
                 timeout=self.timeout,
                 allow_redirects=False,  # see FOLLOW_REDIRECTS
-                stream=True,  # read by _read_body, which stops at the cap
+                stream=True,  # read by read_body, which stops at the cap
             )
             with response:
-                self._read_body(response, method, path)
+                read_body(response, self.MAX_RESPONSE_BYTES, method, path)
             next_url = self._next_url(response, method, path)
             if next_url is None:
                 break

@@ -7,16 +7,10 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import quote
 
-from lib.clients.base import (
-    APIClient,
-    APIError,
-    InvalidArgument,
-    Outcome,
-    RateLimitError,
-    parse_epoch,
-    parse_retry_after,
-    reset_by_server_clock,
-)
+from lib.clients.base import APIClient
+from lib.clients.errors import APIError, InvalidArgument, RateLimitError
+from lib.clients.outcomes import Outcome
+from lib.clients.resets import parse_epoch, parse_retry_after, reset_by_server_clock
 
 if TYPE_CHECKING:
     import requests

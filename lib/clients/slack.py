@@ -9,17 +9,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from lib.clients.base import (
-    IDEMPOTENT_METHODS,
-    APIClient,
-    APIError,
-    AuthError,
-    BadInputError,
-    Outcome,
-    RateLimitError,
-    ServerError,
-    parse_retry_after,
-)
+from lib.clients.base import APIClient
+from lib.clients.errors import APIError, AuthError, BadInputError, RateLimitError, ServerError
+from lib.clients.outcomes import IDEMPOTENT_METHODS, Outcome
+from lib.clients.resets import parse_retry_after
 
 if TYPE_CHECKING:
     import requests

@@ -36,7 +36,7 @@ def watch(after: float) -> None:
     if hub.periodic_monitoring_thread is None:
         # What hub.start_periodic_monitoring_thread() does, less its memory
         # monitor: only the blocking check is wanted, and that monitor imports
-        # psutil (about 0.5 MB resident for good) to enforce
+        # psutil (and keeps it loaded) to enforce
         # gevent.config.max_memory_usage, which this worker never sets.
         hub.periodic_monitoring_thread = PeriodicMonitoringThread(hub)
         gevent.events.notify_and_call_entry_points(

@@ -2,8 +2,8 @@
 moment for the next ask instead of ending.
 
 Starting a greenlet costs more than the switch to one that waits: each new
-greenlet maps a fresh Python frame stack (16 KB) and unmaps it when it ends,
-which for a no-op job was a fifth of the worker's CPU. The group commit's
+greenlet maps a fresh Python frame stack and unmaps it when it ends, which
+for short jobs is much of the worker's CPU. The group commit's
 sender and each slot's outcome writer run in one of these: a busy worker
 asks them every job, an idle one lets them end.
 """

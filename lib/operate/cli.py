@@ -2,7 +2,7 @@
 
 Imported only when there are arguments to read: a plain `python worker.py`
 runs without it, so argparse (and gettext, which it imports) stays out of a
-worker's memory (about 0.35 MB resident).
+worker's memory.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What every queue that calls a rate-limited API shares: a queue with no
 token is off; what an API's error does to the job is its client's outcome
-table (lib/clients/base.py, Outcome): a rate limit sends the job back until
+table (lib/clients/outcomes.py, Outcome): a rate limit sends the job back until
 the limit resets; a rejected token pauses the queue for an hour (one report
 an hour, not one per job); bad input fails the job, unreported; a transient
 fault (a 5xx, a timeout, a reset) sends it back with backoff, counted, one

@@ -2,8 +2,8 @@
 rescues, checkout waits. The poller, the pool and the lease keeper report
 them here; lib.http.metrics counts them, into prometheus-client's objects, once it
 is loaded, and the HTTP endpoints load it. A worker with JOBS_HTTP_ADDR=off
-serves no metrics, so it never loads prometheus-client (about 4 MB resident,
-a tenth of an idle worker) to keep counts nobody can read.
+serves no metrics, so it never loads prometheus-client (a large share of an
+idle worker's memory) to keep counts nobody can read.
 
 Plain stdlib, and nothing here raises into its callers.
 """

@@ -4,8 +4,8 @@ Only explicit capture() calls send events. Log records never do: a loop that
 logs a failure every cycle must not become eighty events a minute.
 
 sentry-sdk is imported by init(), only when there is somewhere to report to:
-with its HTTP transport it is about 7 MB of a worker's memory, which a worker
-without SENTRY_DSN has no use for. Until it is imported no client can exist,
+with its HTTP transport it is a large part of a worker's memory, which a
+worker without SENTRY_DSN has no use for. Until it is imported no client can exist,
 so there is nothing to send an event to.
 """
 
@@ -20,8 +20,8 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from lib.job.text import describe, safe_text
+from lib.setup.dsn import dsn_secrets
 from lib.setup.redact import scrub
-from lib.setup.settings import dsn_secrets
 
 if TYPE_CHECKING:
     from lib.setup.settings import Settings

@@ -9,7 +9,8 @@ import pytest
 import queues.apollo
 from lib.clients import APIError, ApolloClient, AuthError, NotFoundError, RateLimitError, ServerError
 from lib.clients.apollo import OUTCOMES
-from lib.clients.base import BadInputError, Outcome, table_text
+from lib.clients.errors import BadInputError
+from lib.clients.outcomes import Outcome, table_text
 
 ORGANIZATION = {
     "organization": {

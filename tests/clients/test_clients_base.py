@@ -24,12 +24,8 @@ from lib.clients import (
     ServerError,
     SlackClient,
 )
-from lib.clients.base import (
-    extract_message,
-    parse_epoch,
-    parse_retry_after,
-    parse_rfc3339,
-)
+from lib.clients.base import extract_message
+from lib.clients.resets import parse_epoch, parse_retry_after, parse_rfc3339
 from lib.setup.settings import ENV, Settings
 
 # One representative call per client, with the path the fake API should see.

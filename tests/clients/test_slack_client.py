@@ -8,7 +8,8 @@ import pytest
 
 import queues.slack
 from lib.clients import APIError, AuthError, RateLimitError, ServerError, SlackClient
-from lib.clients.base import BadInputError, Outcome, table_text
+from lib.clients.errors import BadInputError
+from lib.clients.outcomes import Outcome, table_text
 from lib.clients.slack import OUTCOMES, SlackCodeError
 
 
