@@ -1,6 +1,6 @@
 """What one step of a serial queue costs the server: a job's outcome and the
-next claim, sent as the group commit sends a lone ask (jobs_step_one, a
-batch of one of jobs_step, migration 022) and as jobs_step's own batch of one.
+next claim, sent as the group commit sends a lone ask (jobs_step_one) and as
+a batch of one through jobs_step.
 
 Run from the project root:  .venv/bin/python bench/step_cost.py [--steps 3000] [--rounds 4]
 

@@ -1,7 +1,6 @@
-"""jobs_step_one answers a lone ask exactly as jobs_step answers a batch of
-that one ask (jobs_step_one is jobs_step's batch of one, migration 022): the
-same rows written, the same job claimed, the same wait, in every case a claim
-or an outcome can meet.
+"""jobs_step_one (migration 017) answers a lone ask exactly as jobs_step
+(migration 014) answers a batch of that one ask: the same rows written, the
+same job claimed, the same wait, in every case a claim or an outcome can meet.
 
 Each case is set up once; then each function runs it, as lib.store.group_commit sends it,
 in a transaction of its own that is rolled back, from the same state. Another
@@ -272,7 +271,7 @@ def test_a_held_head_claims_nothing_not_the_row_behind(db: DB, database_url: str
 
 def test_a_queue_whose_turn_is_held_is_looked_at_again_shortly(db: DB, database_url: str) -> None:
     insert(db, "q", "q.N")
-    with held(database_url, "SELECT pg_advisory_xact_lock(jobs_queue_turn_key(), hashtext(%s))", ("q",)):
+    with held(database_url, "SELECT pg_advisory_xact_lock(1785684595, hashtext(%s))", ("q",)):
         general, lone, _ = run_both(db, (None, claim()))
     assert same(general, lone), (general, lone)
     assert [row[2] for row in lone] == [None] and lone[0][9] == 0.05
@@ -291,29 +290,8 @@ def test_a_throttling_outcome_holds_the_turn_until_it_commits(db: DB, database_u
             other = psycopg2.connect(database_url)
             try:
                 with other.cursor() as cur:
-                    cur.execute("SELECT pg_try_advisory_xact_lock(jobs_queue_turn_key(), hashtext('q'))")
+                    cur.execute("SELECT pg_try_advisory_xact_lock(1785684595, hashtext('q'))")
                     assert cur.fetchone() == (False,), build.__name__
             finally:
                 other.close()
             tx.conn.rollback()
-
-
-def test_an_outcome_no_longer_this_claims_is_not_held_back(db: DB, database_url: str) -> None:
-    """A throttling outcome whose queue's turn is held, for a row that is
-    another claim's now: not written, and not asked again (no row)."""
-    job_id = started(db)
-    with held(database_url, "SELECT pg_advisory_xact_lock(jobs_queue_turn_key(), hashtext(%s))", ("q",)):
-        general, lone, states = run_both(db, (outcome(job_id, attempts=2, delay=2.0), None))
-    assert same(general, lone), (general, lone)
-    assert lone == []
-    assert same(*states)
-
-
-def test_a_held_outcome_answers_its_row_alone(db: DB, database_url: str) -> None:
-    """An outcome whose row another transaction holds, sent with the next
-    claim: held back (wait 0.05), and no claim answered, the slot being the job's."""
-    job_id = started(db)
-    insert(db, "q", "q.N")
-    with held(database_url, "SELECT 1 FROM jobs WHERE id = %s FOR UPDATE", (job_id,)):
-        rows = db.query(*lone_step(Ask(outcome(job_id), claim())))
-    assert [(row[0], row[2], row[9]) for row in rows] == [(None, job_id, 0.05)]

@@ -11,8 +11,8 @@ under load a batch grows by itself. When batches carry one ask each (a
 serial queue, an idle worker), a job's outcome goes at once from the
 greenlet that asked, without the hop to the sender and back: outcomes come
 one at a time as jobs end, not in a burst of one turn. A batch of one goes
-as jobs_step_one, each field a plain value: a batch of one of jobs_step,
-where the rules are written once (migration 022).
+as jobs_step_one, each field a plain value, the same rules for one ask
+(migration 018).
 
 One batch is on its way at a time (a second beside it would meet the first
 on the same queue's turn and be told to come back later), on a connection
