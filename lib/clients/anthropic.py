@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from lib.clients.base import APIClient
-from lib.clients.errors import APIError, OverloadedError, RateLimitError
+from lib.clients.errors import APIError, OverloadedError
 from lib.clients.outcomes import Outcome
 from lib.clients.resets import parse_retry_after, parse_rfc3339
 
@@ -105,13 +105,6 @@ class AnthropicClient(APIClient):
             reset_at = parse_retry_after(response.headers.get("retry-after"), self._now())
             return OverloadedError(status, method, path, message, reset_at=reset_at)
         return super()._classify(response, body, method, path)
-
-    def _error(self, outcome: Outcome, response: requests.Response, body: Any, method: str, path: str) -> APIError:
-        if outcome is Outcome.RATE_LIMIT:
-            message = self._message(body, response)
-            reset_at = self._rate_limit_reset(response.headers)
-            return RateLimitError(response.status_code, method, path, message, reset_at=reset_at)
-        return super()._error(outcome, response, body, method, path)
 
     def _rate_limit_reset(self, headers: Mapping[str, str]) -> datetime | None:
         reset_at = parse_retry_after(headers.get("retry-after"), self._now())

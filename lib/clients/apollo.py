@@ -11,12 +11,11 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from lib.clients.base import APIClient
-from lib.clients.errors import APIError, RateLimitError
 from lib.clients.outcomes import Outcome, OutcomeTable
 from lib.clients.resets import parse_retry_after
 
 if TYPE_CHECKING:
-    import requests
+    pass
 
 # Apollo reports requests left per fixed window but not when a window ends,
 # so an exhausted window can only bound the wait by its full length. The
@@ -71,13 +70,6 @@ class ApolloClient(APIClient):
             "Accept": "application/json",
             "Cache-Control": "no-cache",
         }
-
-    def _error(self, outcome: Outcome, response: requests.Response, body: Any, method: str, path: str) -> APIError:
-        if outcome is Outcome.RATE_LIMIT:
-            message = self._message(body, response)
-            reset_at = self._rate_limit_reset(response.headers)
-            return RateLimitError(response.status_code, method, path, message, reset_at=reset_at)
-        return super()._error(outcome, response, body, method, path)
 
     def _rate_limit_reset(self, headers: Mapping[str, str]) -> datetime | None:
         now = self._now()

@@ -239,12 +239,17 @@ class APIClient:
         return None
 
     def _error(self, outcome: Outcome, response: requests.Response, body: Any, method: str, path: str) -> APIError:
-        """The error an answer with this outcome raises; retry-after, when
-        sent, says when a rate limit or a transient fault may be tried again."""
-        status, message = response.status_code, self._message(body, response)
+        """The error an answer with this outcome raises."""
+        return self._error_of(outcome, response, method, path, self._message(body, response))
+
+    def _error_of(
+        self, outcome: Outcome, response: requests.Response, method: str, path: str, message: str
+    ) -> APIError:
+        """The error of this outcome, saying message; when a rate limit or a
+        transient fault may be tried again, if the answer says."""
+        status = response.status_code
         if outcome is Outcome.RATE_LIMIT:
-            reset_at = parse_retry_after(response.headers.get("retry-after"), self._now())
-            return RateLimitError(status, method, path, message, reset_at=reset_at)
+            return RateLimitError(status, method, path, message, reset_at=self._rate_limit_reset(response.headers))
         if outcome is Outcome.TRANSIENT:
             reset_at = parse_retry_after(response.headers.get("retry-after"), self._now())
             return ServerError(status, method, path, message, reset_at=reset_at)
@@ -254,6 +259,10 @@ class APIClient:
             kind = NotFoundError if status == 404 else BadInputError
             return kind(status, method, path, message)
         return APIError(status, method, path, message)
+
+    def _rate_limit_reset(self, headers: Mapping[str, str]) -> datetime | None:
+        """When a rate limit lifts, by the answer's headers (an API's own too)."""
+        return parse_retry_after(headers.get("retry-after"), self._now())
 
     def outcome(self, exc: BaseException) -> Outcome | None:
         """What a queue does about an error this client raised; None for

@@ -10,9 +10,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from lib.clients.base import APIClient
-from lib.clients.errors import APIError, AuthError, BadInputError, RateLimitError, ServerError
+from lib.clients.errors import APIError, ServerError
 from lib.clients.outcomes import IDEMPOTENT_METHODS, Outcome
-from lib.clients.resets import parse_retry_after
 
 if TYPE_CHECKING:
     import requests
@@ -108,17 +107,9 @@ class SlackClient(APIClient):
         return self._code_error(outcome_of(code), response, method, path, code)
 
     def _code_error(self, outcome: Outcome, response: requests.Response, method: str, path: str, code: str) -> APIError:
-        status = response.status_code
-        if outcome is Outcome.RATE_LIMIT:
-            reset_at = parse_retry_after(response.headers.get("retry-after"), self._now())
-            return RateLimitError(status, method, path, code, reset_at=reset_at)
-        if outcome is Outcome.BAD_TOKEN:
-            return AuthError(status, method, path, code)
-        if outcome is Outcome.BAD_INPUT:
-            return BadInputError(status, method, path, code)
         if outcome is Outcome.TRANSIENT:
-            return SlackCodeError(status, method, path, code)
-        return APIError(status, method, path, code)
+            return SlackCodeError(response.status_code, method, path, code)
+        return self._error_of(outcome, response, method, path, code)
 
     def outcome(self, exc: BaseException) -> Outcome | None:
         # Slack said the call was not carried out: a post may go again.
