@@ -66,9 +66,9 @@ BEGIN
   END IF;
 END $$;
 
--- Until now each worker's declaration deleted the names it did not list, so
+-- A declaration of an earlier release deleted the names it did not list, so
 -- rows of a declared name may have been written unmarked while another
--- process had it deleted; mark them now.
+-- process had it deleted; they are marked here.
 LOCK TABLE jobs IN SHARE ROW EXCLUSIVE MODE;
 SELECT jobs_dedupe_mark(queue, array_agg(name)) FROM job_dedupe_names GROUP BY queue;
 

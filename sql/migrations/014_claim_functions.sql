@@ -3,11 +3,11 @@
 -- (lib/store/group_commit.py), and so that a claim reads its queue's state after it has
 -- taken the queue's turn, not from a snapshot taken before another process's
 -- outcome committed. A lone claim or outcome is a batch of one (sql/jobs.sql:
--- job_claim, job_finalize), so each rule is written once.
+-- job_claim), so each rule is written once.
 --
 -- It runs its statements on generic plans (plan_cache_mode): left to choose,
--- Postgres planned them afresh on every call, which cost more than running
--- them (0.59 ms against 0.34 ms a claim and an outcome).
+-- Postgres plans them afresh on every call, which costs more than running
+-- them (docs/performance.md).
 --
 -- The outcomes come first, by primary key (terminal, or back to pending for
 -- a retry), holding each queue's next claim back by its throttle's delay.

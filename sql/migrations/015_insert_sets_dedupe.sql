@@ -1,8 +1,8 @@
 -- The insert statements of lib.insert read a row's dedupe from
 -- job_dedupe_names themselves, in the statement that writes it; the row
 -- trigger of 006 then runs only for the writers that leave the column out
--- (plain SQL, an INSERT ... SELECT, the clock). Its PL/pgSQL call per row
--- was about 5 of the 13 ms a 1,000-row insert_many took on the server.
+-- (plain SQL, an INSERT ... SELECT, the clock): its PL/pgSQL call per row
+-- is a large share of a bulk insert's server time (docs/performance.md).
 --
 -- The answer stays the database's, never the writer's: a statement that
 -- names a row's dedupe other than job_dedupe_names says is refused whole,
@@ -50,8 +50,8 @@ CREATE TRIGGER jobs_inserted
   FOR EACH STATEMENT EXECUTE FUNCTION jobs_inserted();
 
 -- lib.insert's two statements, as functions: their plans are kept per
--- connection, not made on every call (a one-job insert spent about 40 of its
--- 150 us on the server planning). Each reads job_dedupe_names in the INSERT
+-- connection, not made on every call (planning is a large share of a
+-- one-job insert's server time). Each reads job_dedupe_names in the INSERT
 -- itself, in a snapshot taken once it holds its lock on jobs, so it sees a
 -- name whose declaration it waited for. The id written, or NULL when the
 -- dedupe index suppressed the job.

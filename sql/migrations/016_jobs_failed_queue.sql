@@ -1,8 +1,8 @@
 -- The failed (err:) rows of one queue and name, oldest to newest: what the
 -- failed list, redrive and the admin page read when the operator names a
 -- queue (and a name). jobs_failed (012) holds every queue's failures in one
--- order, so such a filter read all of them: 173 ms to list 500 of 500,500
--- kept failures at 10M finished rows, 1.1 ms with this index. The queries
+-- order, so such a filter would read all of them; this index reads only the
+-- queue's (docs/performance.md). The queries
 -- are planned for their values on every run ("-- plan: custom" in sql/), or
 -- their "queue IS NULL OR ..." filters could not use it.
 --

@@ -4,9 +4,8 @@
 -- of several slots are ready together), so it is written for that one case:
 -- a few small statements, each run only when the one before leaves the
 -- answer open, where jobs_step's claim statement, built to serve any number
--- of queues and slots at once, sets up some forty plan nodes on every call.
--- A serial step (an outcome and the next claim) cost the server 0.39 ms of
--- CPU through jobs_step and costs 0.30 ms through this (bench/step_cost.py).
+-- of queues and slots at once, sets up some forty plan nodes on every call
+-- (bench/step_cost.py measures both).
 --
 -- The rules are jobs_step's, and tests/test_step_one.py holds the two to
 -- the same answers, case by case: an outcome matches the row while it is
