@@ -74,8 +74,8 @@ SELECT jobs_dedupe_mark(queue, array_agg(name)) FROM job_dedupe_names GROUP BY q
 
 -- A schedule may hold two entries of one job name with different args (or
 -- queues): a tick belongs to the entry, named by a digest of its (queue, name,
--- args) that lib/background/clock.py computes. Rows from before this have entry '': each
--- name had a single entry then, so the clock counts them for every entry of
--- that name until they are pruned, a few days on.
+-- args) that lib/background/clock.py computes. A row with entry '' names no
+-- entry (it was written when a name could have only one): the clock counts it
+-- for every entry of that name until it is pruned.
 ALTER TABLE clock_ticks ADD COLUMN entry text NOT NULL DEFAULT '';
 ALTER TABLE clock_ticks DROP CONSTRAINT clock_ticks_pkey, ADD PRIMARY KEY (name, entry, minute);
