@@ -22,6 +22,7 @@ from lib.setup.settings import Settings
 from lib.store.binding import array_literal
 from lib.store.db import DB, NoReply
 from lib.store.group_commit import Ask, lone_step
+from lib.store.wakeups import Listener
 
 # The advisory lock key of this module's gate (tests_support.updates_held).
 GATE = 7_100_011
@@ -65,28 +66,59 @@ def test_a_throttling_outcome_in_flight_holds_back_another_process_claim(db, oth
 
 
 def test_the_throttle_holds_across_three_processes(db, database_url):
+    """Three processes, each with its poller and its LISTEN connection, share
+    one throttled queue. Each stops itself after three jobs, so eight jobs
+    need all three whatever the scheduling: a process that stops hands the
+    queue over, and the throttle's gap of 0.2 s holds across the hand-overs."""
     pools = [DB(database_url, size=3, application_name=f"jobs-p{n}") for n in range(3)]
+    stops = [Event() for _ in pools]
+    ran = Counter()
+
+    def handler_of(n):
+        def handle(job):
+            ran[n] += 1
+            if ran[n] == 3:
+                stops[n].set()  # seen at the outcome: this process claims no more
+            return "ok"
+
+        return handle
+
     try:
         pollers = [
             Poller(
                 "t3",
                 pool,
-                {"t3.N": lambda job: "ok"},
+                {"t3.N": handler_of(n)},
                 throttle=lambda *_: 0.2,
                 runtime=Runtime.alone(pool, worker_id=f"p{n}"),
             )
             for n, pool in enumerate(pools)
         ]
+        listeners = [Listener(database_url, lambda queue, p=p: p.wake(), p.wake) for p in pollers]
+        heard = [gevent.spawn(listener.run, Event()) for listener in listeners]
+        for listener in listeners:
+            assert listener.listening.wait(10)
         for _ in range(8):
             insert(db, "t3", "t3.N")
-        poll_until(pollers, lambda: count_jobs(db, "status = 'ok'") == 8)
+        greenlets = [gevent.spawn(p.poll, stop) for p, stop in zip(pollers, stops, strict=True)]
+        try:
+            with gevent.Timeout(30):
+                while count_jobs(db, "status = 'ok'") < 8:
+                    gevent.sleep(0.02)
+        finally:
+            for p, stop in zip(pollers, stops, strict=True):
+                stop.set()
+                p.wake()
+            gevent.joinall(greenlets, timeout=10, raise_error=True)
+            gevent.killall(heard)
     finally:
         for pool in pools:
             pool.close()
     rows = db.query("SELECT started_at, finished_at, worker_id FROM jobs ORDER BY started_at")
     gaps = [(later[0] - earlier[1]).total_seconds() for earlier, later in itertools.pairwise(rows)]
     assert min(gaps) >= 0.2, gaps
-    assert len({r[2] for r in rows}) > 1  # the processes took turns, not one alone
+    assert Counter(r[2] for r in rows) == {f"p{n}": ran[n] for n in range(3)}
+    assert set(ran) == {0, 1, 2}  # every process ran jobs of the queue
 
 
 def test_forty_queues_share_their_round_trips(db):
