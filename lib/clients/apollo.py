@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from lib.clients.base import APIClient
-from lib.clients.outcomes import Outcome, OutcomeTable
+from lib.clients.outcomes import SERVER_ERRORS, Outcome, OutcomeTable
 from lib.clients.resets import parse_retry_after
 
 if TYPE_CHECKING:
@@ -35,10 +35,7 @@ OUTCOMES: OutcomeTable = {
     404: Outcome.BAD_INPUT,
     422: Outcome.BAD_INPUT,
     429: Outcome.RATE_LIMIT,
-    500: Outcome.TRANSIENT,
-    502: Outcome.TRANSIENT,
-    503: Outcome.TRANSIENT,
-    504: Outcome.TRANSIENT,
+    **SERVER_ERRORS,
 }
 
 

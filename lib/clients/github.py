@@ -9,7 +9,7 @@ from urllib.parse import quote
 
 from lib.clients.base import APIClient
 from lib.clients.errors import APIError, InvalidArgument, RateLimitError
-from lib.clients.outcomes import Outcome
+from lib.clients.outcomes import SERVER_ERRORS, Outcome
 from lib.clients.resets import parse_epoch, parse_retry_after, reset_by_server_clock
 
 if TYPE_CHECKING:
@@ -54,10 +54,7 @@ OUTCOMES: dict[int | tuple[int, str], Outcome] = {
     404: Outcome.BAD_INPUT,
     422: Outcome.BAD_INPUT,
     429: Outcome.RATE_LIMIT,
-    500: Outcome.TRANSIENT,
-    502: Outcome.TRANSIENT,
-    503: Outcome.TRANSIENT,
-    504: Outcome.TRANSIENT,
+    **SERVER_ERRORS,
 }
 
 

@@ -29,6 +29,10 @@ class Outcome(StrEnum):
 OutcomeKey = int | tuple[int, str]
 OutcomeTable = Mapping[OutcomeKey, Outcome]
 
+# The server errors both GitHub and Apollo document: a request that may be
+# repeated is tried again.
+SERVER_ERRORS: dict[OutcomeKey, Outcome] = {status: Outcome.TRANSIENT for status in (500, 502, 503, 504)}
+
 # Methods HTTP defines as idempotent: sent twice, they do what once does.
 IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
 

@@ -11,8 +11,10 @@ import argparse
 import json
 import math
 import re
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
+from typing import TypeVar
 
 from lib.setup.settings import Settings
 
@@ -68,6 +70,9 @@ def make_parser(settings: Settings) -> argparse.ArgumentParser:
 # Argument types: a bad value is one line from argparse and exit code 2.
 
 
+T = TypeVar("T")
+
+
 def _seconds(text: str) -> float:
     value = _number(text)
     if not 0 <= value <= 86400:
@@ -84,23 +89,25 @@ def _minutes(text: str) -> float:
 
 
 def _number(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"a number, got {text!r}") from None
+    value = _read(float, text, "a number")
     if not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"a finite number, got {text!r}")
     return value
 
 
 def _job_id(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"a job id (a whole number), got {text!r}") from None
+    value = _read(int, text, "a job id (a whole number)")
     if value < 1:
         raise argparse.ArgumentTypeError(f"a job id is at least 1, got {text!r}")
     return value
+
+
+def _read(convert: Callable[[str], T], text: str, what: str) -> T:
+    """text read by convert, or argparse's error naming what was expected."""
+    try:
+        return convert(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{what}, got {text!r}") from None
 
 
 def _existing(text: str) -> Path:
@@ -130,20 +137,14 @@ def _duration(text: str) -> float:
 
 
 def _limit(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
+    value = _read(int, text, "a whole number from 1 to 10000")
     if not 1 <= value <= 10000:
         raise argparse.ArgumentTypeError(f"a whole number from 1 to 10000, got {text!r}")
     return value
 
 
 def _priority(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"a whole number, got {text!r}") from None
+    value = _read(int, text, "a whole number")
     if not -(2**31) <= value < 2**31:  # the column is an int
         raise argparse.ArgumentTypeError(f"a priority within a 32-bit integer, got {text!r}")
     return value
