@@ -1,5 +1,5 @@
 """What a row lock on one running job costs every other job: one real worker
-process (tests/apps/many_queues_worker.py, the scenario of tests/test_row_lock.py)
+process (tests/apps/many_queues_worker.py, the scenario of tests/system/test_row_lock.py)
 with 40 busy no-op queues q01..q40, a 3 s lease, and a second session that
 runs `BEGIN; UPDATE jobs SET priority = 5 WHERE id = L;` on a running job L
 and keeps it open.

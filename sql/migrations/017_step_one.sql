@@ -7,7 +7,7 @@
 -- of queues and slots at once, sets up some forty plan nodes on every call
 -- (bench/step_cost.py measures both).
 --
--- The rules are jobs_step's, and tests/test_step_one.py holds the two to
+-- The rules are jobs_step's, and tests/db/test_step_one.py holds the two to
 -- the same answers, case by case: an outcome matches the row while it is
 -- still started by this claim, or already holds this very outcome; a
 -- throttling outcome takes its queue's turn until it commits; a claim takes

@@ -31,7 +31,7 @@ from lib.insert import insert
 from lib.operate import overview
 
 CHROMIUM = require("/usr/bin/chromium", "chromium")
-ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
+ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
 TOKEN = "browser-" + "t0ken" * 5
 XSS = "<img src=x onerror=alert(1)>"
 

@@ -13,7 +13,7 @@ from lib.clients import AnthropicClient, ApolloClient, GitHubClient, SlackClient
 from lib.setup.redact import REDACTED
 from lib.setup.settings import ENV, SettingError, Settings
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CLIENTS = [GitHubClient, SlackClient, AnthropicClient, ApolloClient]
 
 # A read of the environment, however it is spelled.

@@ -36,7 +36,7 @@ from lib.store.migrate import migrate
 
 pytestmark = pytest.mark.chaos
 
-APP = Path(__file__).parent / "apps" / "chaos_worker.py"
+APP = Path(__file__).parent.parent / "apps" / "chaos_worker.py"
 # Short, so a killed worker's jobs come back within seconds, not half a minute.
 LEASE_SECONDS = 3.0
 SHUTDOWN_WINDOW = 10.0

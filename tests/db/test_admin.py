@@ -1,6 +1,6 @@
 """The admin page over HTTP: the token on every request, the session cookie,
 CSRF on every state-changing POST, and the actions' effects on the rows.
-The same page in a real browser is tests/test_admin_browser.py."""
+The same page in a real browser is tests/system/test_admin_browser.py."""
 
 import re
 from contextlib import contextmanager

@@ -34,7 +34,7 @@ import pytest
 
 from tests.tests_support import wait_for
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NOT_COPIED = shutil.ignore_patterns(".venv", ".venv*", ".pgdata", ".git", "__pycache__", "*.pyc", "bench")
 # The README's first command, run from the checkout.
 README_COMMAND = "python3 -m venv .venv && .venv/bin/pip install -r requirements.txt && .venv/bin/python worker.py"

@@ -82,7 +82,7 @@ def test_plain_synchronous_process_enqueues(db, database_url, connect):
 def test_callsite_is_relative_to_the_repo_root(db):
     job_id = insert(db, "q", "q.X")
     (callsite,) = db.query_row("SELECT callsite FROM jobs WHERE id = %s", (job_id,))
-    assert callsite.startswith("tests/test_insert.py:")
+    assert callsite.startswith("tests/db/test_insert.py:")
 
 
 def test_an_explicit_callsite_names_the_writer_instead(db):
@@ -140,7 +140,7 @@ def test_insert_many_in_one_statement(db, database_url):
     rows = db.query("SELECT id, queue, name, args, priority, run_at = %s, callsite FROM jobs ORDER BY id", (later,))
     assert [r[1:5] for r in rows] == [("q", "q.A", {"i": 1}, 0), ("q", "q.B", {"i": 2}, 2), ("r", "r.C", {}, 0)]
     assert [r[5] for r in rows] == [False, True, False]
-    assert all(r[6].startswith("tests/test_insert.py:") for r in rows)
+    assert all(r[6].startswith("tests/db/test_insert.py:") for r in rows)
     assert insert_many(db, []) == []
 
 

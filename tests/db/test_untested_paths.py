@@ -317,4 +317,4 @@ def test_insert_through_a_bare_psycopg2_cursor(db, database_url):
         db.exec(Q.dedupe_declare, {"queue": "c", "names": []})
     rows = db.query("SELECT id, name, args, callsite FROM jobs ORDER BY id")
     assert [r[:3] for r in rows] == [(job_id, "c.N", {"n": 2}), (job_id + 1, "c.Once", {"n": 3})]
-    assert all(r[3].startswith("tests/test_untested_paths.py:") for r in rows)
+    assert all(r[3].startswith("tests/db/test_untested_paths.py:") for r in rows)

@@ -119,7 +119,7 @@ def test_handler_that_raises_is_an_err_status_and_one_report(db, sentry_events):
     assert len(sentry_events) == 1
     tags = sentry_events[0]["tags"]
     assert tags["queue"] == "q" and tags["job"] == "q.Boom" and str(tags["job_id"]) == str(job_id)
-    assert tags["callsite"].startswith("tests/test_poller.py:")
+    assert tags["callsite"].startswith("tests/db/test_poller.py:")
     assert secret not in repr(sentry_events[0])
 
 

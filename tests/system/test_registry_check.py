@@ -13,7 +13,7 @@ from lib.store.db import DB
 from queues import REGISTRY
 from queues.schedule import SCHEDULE
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _ok(job):

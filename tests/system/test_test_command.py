@@ -11,7 +11,7 @@ import pytest
 from tests_support import ROOT
 
 HIDDEN = {"chromium": "/usr/bin/chromium", "pgbouncer": "/usr/sbin/pgbouncer"}
-MODULES = ["tests/test_admin_browser.py", "tests/test_pgbouncer.py", "tests/test_status.py"]
+MODULES = ["tests/system/test_admin_browser.py", "tests/system/test_pgbouncer.py", "tests/db/test_status.py"]
 
 if os.geteuid() != 0 or shutil.which("unshare") is None:
     pytest.skip("hiding the packages needs root and unshare", allow_module_level=True)
