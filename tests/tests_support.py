@@ -7,6 +7,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -182,3 +183,12 @@ def updates_held(db: DB, database_url: str, key: int, when: str) -> Iterator[Gat
             yield gate
     finally:
         db.exec("DROP TRIGGER IF EXISTS held_update ON jobs")
+
+
+# A Monday: the clock's tests read their times in its week.
+MON = datetime(2026, 3, 2, tzinfo=UTC)
+
+
+def at(day: int, hour: int, minute: int, second: int = 0) -> datetime:
+    """A UTC time in the week of MON (day 0 is Monday)."""
+    return MON + timedelta(days=day, hours=hour, minutes=minute, seconds=second)

@@ -1,25 +1,18 @@
 """Schedule entries are told apart by what they enqueue: (queue, name, args)."""
 
 import shutil
-from datetime import UTC, datetime, timedelta
 
 import gevent
 import pytest
+from tests_support import at
 
 from lib.background.clock import Clock, Scheduled, check_schedule, daily, every
 from lib.insert import insert
 from lib.store.db import DB
 from lib.store.migrate import migrate, migrations
 
-# A Monday.
-MON = datetime(2026, 3, 2, tzinfo=UTC)
-
 OPS = Scheduled("reports", "reports.Send", every(15), args={"to": "ops"})
 DEV = Scheduled("reports", "reports.Send", every(15), args={"to": "dev"})
-
-
-def at(day: int, hour: int, minute: int) -> datetime:
-    return MON + timedelta(days=day, hours=hour, minutes=minute)
 
 
 @pytest.fixture

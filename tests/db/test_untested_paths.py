@@ -11,7 +11,7 @@ import psycopg2
 import psycopg2.extensions
 import pytest
 from gevent.event import Event
-from tests_support import Gate, count_jobs, wait_for, waiting_on
+from tests_support import MON, Gate, count_jobs, wait_for, waiting_on
 
 from lib.background.clock import Clock, Scheduled
 from lib.insert import insert
@@ -187,9 +187,6 @@ class SteppedTime:
             self.stop.set()
             return self.times[0]
         return self.times.pop(0)
-
-
-MON = datetime(2026, 3, 2, tzinfo=UTC)
 
 
 def test_the_clock_stepping_back_ticks_the_next_minute_of_the_new_time(db):
