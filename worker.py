@@ -26,6 +26,7 @@ from lib.greenlets.supervise import Supervisor  # noqa: E402
 from lib.operate import overview, queue_state, setup_check  # noqa: E402
 from lib.operate.queue_state import AUTH_PREFIX, pause, resume  # noqa: E402
 from lib.run.poller import Poller  # noqa: E402
+from lib.run.queue import Queue  # noqa: E402
 from lib.run.runtime import Runtime  # noqa: E402
 from lib.setup import errors, logs  # noqa: E402
 from lib.setup.dsn import dsn_place, mask_secret  # noqa: E402
@@ -33,7 +34,7 @@ from lib.setup.errors import Outage  # noqa: E402
 from lib.setup.settings import SettingError, Settings  # noqa: E402
 from lib.store.db import DB, behind_pooler, is_conn_failure, is_database_error  # noqa: E402
 from lib.store.forks import refuse_fork  # noqa: E402
-from lib.store.group_commit import committer  # noqa: E402
+from lib.store.group_commit import Committer  # noqa: E402
 from lib.store.migrate import migrate  # noqa: E402
 from lib.store.wakeups import Listener  # noqa: E402
 
@@ -45,7 +46,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("jobs.worker")
 
-Registry = Sequence[Callable[[DB], Poller]]
+Registry = Sequence[Callable[[DB], Queue]]
 
 # run()'s default: the defaults, without HTTP endpoints (a test's worker).
 NO_HTTP = Settings(http_addr=None)
@@ -74,10 +75,14 @@ def main(
         return 2
     if not isinstance(registry, Sequence):
         registry = registry(settings)
+    queues: list[Queue] = []
     try:
         # Before every command, check among them: check then fails on what the
         # worker refuses, and the worker refuses it before any part starts.
-        schedule = setup_check.checked(registry, schedule, build=_is_check(argv))
+        if _is_check(argv):
+            # check never connects: it defines the queues on a pool that never does.
+            queues = setup_check.defined(registry, setup_check.unconnected())
+        schedule = setup_check.checked(schedule)
     except SettingError as exc:
         print(f"worker: {exc}", file=sys.stderr)
         return 2
@@ -90,7 +95,7 @@ def main(
         from lib.operate import registry_check
 
         # Needs no database: it reads the code, the SQL files and the schedule.
-        return registry_check.main(list(registry), list(schedule), Path(__file__).resolve().parent, args.paths)
+        return registry_check.main(queues, list(schedule), Path(__file__).resolve().parent, args.paths)
     url = settings.database_url or _embedded_url(settings)
     if args.command == "db-url":
         from lib.operate import commands
@@ -291,11 +296,17 @@ def _operate(db: DB, args: "Namespace | SimpleNamespace", registry: Registry) ->
 
     out, err = sys.stdout, sys.stderr
     handled: dict[str, frozenset[str]] = {}
+    queues: list[Queue] = []
     if args.command in ("status", "pause", "resume", "enqueue", "failed", "redrive", "retry"):
-        # The registry's queues and their job names, from the constructors
+        try:
+            queues = setup_check.defined(registry, db)
+        except SettingError as exc:  # as the worker would refuse to start
+            print(f"{args.command}: {exc}", file=err)
+            return 2
+        # The registry's queues and their job names, from the definitions
         # alone, and those live workers run (another release, another entry
         # point): a queue with no rows yet is listed, a job none runs refused.
-        handled = commands.known_handled(db, registry_check.handled(registry, []))
+        handled = commands.known_handled(db, registry_check.handled(queues, []))
         # A slip in a name would pause nothing, or find nothing, and say it did.
         unknown = commands.unknown_names(db, args, handled)
         if unknown is not None:
@@ -312,7 +323,7 @@ def _operate(db: DB, args: "Namespace | SimpleNamespace", registry: Registry) ->
     if args.command == "status":
         return commands.status(db, args, out, queues=handled)
     if args.command == "enqueue":
-        args_type = registry_check.args_types(registry).get((args.queue, args.name))
+        args_type = registry_check.args_types(queues).get((args.queue, args.name))
         return commands.enqueue(db, args, out, err, handled=handled, args_type=args_type)
     if args.command == "pause":
         until = datetime.now(UTC) + timedelta(minutes=args.minutes) if args.minutes else None
@@ -349,10 +360,10 @@ def run(
     supervisor = supervisor or Supervisor(stop)
     # One report for an outage of the database, not one per queue or part.
     outage = Outage("database")
-    pollers, registered, declaring = _start_pollers(db, registry, settings.queues, outage)
+    queues, registered, declaring = _queues_to_run(db, registry, settings.queues, outage)
     # Before any part starts: a start-up report, not a step in their timing.
     _say_unrun(db, registered)
-    legacy_age = max((p.job_timeout for p in pollers), default=600.0) + 60
+    legacy_age = max((q.job_timeout for q in queues), default=600.0) + 60
     listen_url = settings.listen_url(db.dsn)
     if listen_url is None:
         log.warning(
@@ -361,20 +372,20 @@ def run(
             settings.queue_poll_interval(listening=False),
         )
     worker_id = new_worker_id()
-    handles = [(p.queue, p.handles) for p in pollers]
-    seen = worker_registry.register(db, worker_id, [p.queue for p in pollers], settings.lease_seconds, handles)
+    handles = [(q.name, q.handles) for q in queues]
+    seen = worker_registry.register(db, worker_id, [q.name for q in queues], settings.lease_seconds, handles)
     leases = Leases(
         db, worker_id=worker_id, lease=settings.lease_seconds, legacy_age=legacy_age, outage=outage, seen=seen
     )
+    # What the worker's pollers share: its lease keeper, its group commit,
+    # its outage report, its writers.
     runtime = Runtime(
         leases,
-        committer(db),
+        Committer(db),
         outage=outage,
         poll_interval=settings.queue_poll_interval(listening=listen_url is not None),
     )
-    # Built again on what the worker's pollers share (its lease keeper, its
-    # outage report, its writers), as the registry built each alone.
-    pollers = [p.bound(runtime) for p in pollers]
+    pollers = [Poller(q, db, runtime) for q in queues]
     slots = sum(p.concurrency for p in pollers)
     if slots > len(pollers):
         db.grow(slots - len(pollers))
@@ -472,36 +483,36 @@ def _router(pollers: Sequence[Poller]) -> Callable[[str], None]:
     return lambda queue: _wake(by_queue.get(queue, ()))
 
 
-def _start_pollers(
+def _queues_to_run(
     db: DB, registry: Registry, only: frozenset[str] | None = None, outage: Outage | None = None
-) -> tuple[list[Poller], list[str], dedupe.Waiting]:
-    """Build the pollers; say once which queues are off and why, declare the
-    job names that dedupe, and end the pauses a rejected token caused (this
-    start may be the one after the token was fixed). The pollers that run
+) -> tuple[list[Queue], list[str], dedupe.Waiting]:
+    """Define the queues; say once which are off and why, declare the job
+    names that dedupe, and end the pauses a rejected token caused (this
+    start may be the one after the token was fixed). The queues that run
     (those of `only`, JOBS_QUEUES, when given), every registered queue, the
     off ones too (their rows wait for a token or another process, not for a
     queue that does not exist), and the declarations that must wait for
     transactions that wrote jobs, for the worker to retry while it runs."""
-    pollers, registered = [], []
+    queues, registered = [], []
     declaring = dedupe.Waiting(db, outage)
-    made = setup_check.built(registry, db)
-    unknown = sorted((only or set()) - {p.queue for p in made})
+    made: list[Queue] = setup_check.defined(registry, db)
+    unknown = sorted((only or set()) - {q.name for q in made})
     if unknown:
         raise SettingError(f"JOBS_QUEUES names queues that are not registered: {', '.join(unknown)}")
-    for poller in made:
-        registered.append(poller.queue)
-        if only is not None and poller.queue not in only:
+    for queue in made:
+        registered.append(queue.name)
+        if only is not None and queue.name not in only:
             continue
-        if poller.disabled_reason:
-            log.warning("queue=%s is off: %s", poller.queue, poller.disabled_reason)
+        if queue.disabled_reason:
+            log.warning("queue=%s is off: %s", queue.name, queue.disabled_reason)
             continue
         # Additive: a process that lists fewer names (an older release) cannot switch others off.
-        if poller.dedupe and not dedupe.declare(db, poller.queue, poller.dedupe):
-            declaring.add(poller.queue, poller.dedupe)
-        if resume(db, poller.queue, prefix=AUTH_PREFIX):
-            log.info("queue=%s auth pause ended at start", poller.queue)
-        pollers.append(poller)
-    return pollers, registered, declaring
+        if queue.dedupe and not dedupe.declare(db, queue.name, queue.dedupe):
+            declaring.add(queue.name, queue.dedupe)
+        if resume(db, queue.name, prefix=AUTH_PREFIX):
+            log.info("queue=%s auth pause ended at start", queue.name)
+        queues.append(queue)
+    return queues, registered, declaring
 
 
 if __name__ == "__main__":

@@ -5,12 +5,12 @@ from collections.abc import Callable
 from functools import update_wrapper
 from typing import Any
 
-from lib.run.poller import Poller
+from lib.run.queue import Queue
 from lib.setup.settings import Settings
 from lib.store.db import DB
 from queues import anthropic, apollo, caches, github, maintenance, slack
 
-REGISTRY: list[Callable[[DB], Poller]] = [
+REGISTRY: list[Callable[[DB], Queue]] = [
     caches.make_worker,
     maintenance.make_worker,
     github.make_worker,
@@ -20,7 +20,7 @@ REGISTRY: list[Callable[[DB], Poller]] = [
 ]
 
 
-def registry(settings: Settings) -> list[Callable[[DB], Poller]]:
+def registry(settings: Settings) -> list[Callable[[DB], Queue]]:
     """REGISTRY, in its order, with each queue's settings bound in: what
     worker.main runs. Entries stay functions of the pool alone, so a test (or
     the registry check) builds them as it builds REGISTRY's. REGISTRY's own
@@ -38,11 +38,11 @@ def registry(settings: Settings) -> list[Callable[[DB], Poller]]:
     return [bound.get(make, make) for make in REGISTRY]
 
 
-def _bind(make: Callable[..., Poller], **values: Any) -> Callable[[DB], Poller]:
+def _bind(make: Callable[..., Queue], **values: Any) -> Callable[[DB], Queue]:
     """make with values bound, named as make (the registry check's label).
     Not a functools.partial: its repr shows the values, a token among them."""
 
-    def bound(db: DB) -> Poller:
+    def bound(db: DB) -> Queue:
         return make(db, **values)
 
     return update_wrapper(bound, make)

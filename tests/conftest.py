@@ -12,6 +12,7 @@ from programs import MISSING  # noqa: E402
 from sentry_sdk.transport import Transport  # noqa: E402
 from tests_support import scratch_database  # noqa: E402
 
+from lib.run.runtime import Runtime  # noqa: E402
 from lib.setup import embedded, errors  # noqa: E402
 from lib.setup.settings import Settings  # noqa: E402
 from lib.store.db import DB  # noqa: E402
@@ -62,6 +63,13 @@ def db(database_url: str) -> Iterator[DB]:
     pool.exec("TRUNCATE jobs, cache_entries, job_queues, job_dedupe_names, clock_ticks, workers RESTART IDENTITY")
     yield pool
     pool.close()
+
+
+@pytest.fixture
+def runtime(db: DB) -> Runtime:
+    """One runtime on db (Runtime.alone): the pollers given it share a lease
+    keeper and a group commit, as one worker's pollers do."""
+    return Runtime.alone(db)
 
 
 class CapturingTransport(Transport):

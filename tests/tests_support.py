@@ -5,7 +5,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -16,10 +16,34 @@ import gevent
 import psycopg2
 from gevent.event import Event
 
+from lib.job import Handler
+from lib.run.poller import Poller
+from lib.run.queue import Queue
+from lib.run.runtime import Runtime
 from lib.store.db import DB
 from lib.store.sql import Q
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def make_poller(
+    queue: str | Queue,
+    db: DB,
+    dispatch: Mapping[str, Handler] | None = None,
+    *,
+    runtime: Runtime | None = None,
+    **options: Any,
+) -> Poller:
+    """A poller run without a worker: of the definition given, or of one
+    built from queue, dispatch and options; on runtime, else on a runtime of
+    its own (Runtime.alone). Pollers meant to share a lease keeper or a
+    group commit, as a worker's do, are given one runtime."""
+    if not isinstance(queue, Queue):
+        assert dispatch is not None, "a queue's name needs its dispatch"
+        queue = Queue(queue, dispatch, **options)
+    else:
+        assert dispatch is None and not options, "a definition comes whole"
+    return Poller(queue, db, runtime or Runtime.alone(db))
 
 
 def _with_database(url: str, name: str) -> str:

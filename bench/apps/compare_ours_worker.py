@@ -2,7 +2,7 @@
 worker runs it, with trivial no-op queues built from the command line.
 
 Only what any queue module uses: worker.main(registry, argv) with a registry
-of Poller factories, so the benchmark measures whatever the worker's internals
+of queue constructors, so the benchmark measures whatever the worker's internals
 are at the time. The handler notes its start (bench/apps/compare_support.py);
 the notes are written when the worker exits (SIGTERM). The benchmark sets
 DATABASE_URL, JOBS_HTTP_ADDR=off and LOG_LEVEL=WARNING in its environment.
@@ -24,18 +24,18 @@ from compare_support import Starts, worker_parser  # noqa: E402
 
 import worker  # noqa: E402
 from lib.job import PendingJob  # noqa: E402
-from lib.run.poller import Poller  # noqa: E402
+from lib.run.queue import Queue  # noqa: E402
 from lib.store.db import DB  # noqa: E402
 
 
-def registry(queues: list[str], concurrency: int, starts: Starts) -> list[Callable[[DB], Poller]]:
+def registry(queues: list[str], concurrency: int, starts: Starts) -> list[Callable[[DB], Queue]]:
     def noop(job: PendingJob) -> str:
         starts.started(int(job.args["seq"]))
         return "ok"
 
-    # Every other Poller option at its default: the fallback poll (LISTEN/NOTIFY
+    # Every other Queue option at its default: the fallback poll (LISTEN/NOTIFY
     # wakes the pollers), the lease, the throttle (none).
-    return [lambda db, q=q: Poller(q, db, {JOB_NAME: noop}, concurrency=concurrency) for q in queues]
+    return [lambda db, q=q: Queue(q, {JOB_NAME: noop}, concurrency=concurrency) for q in queues]
 
 
 def main() -> int:

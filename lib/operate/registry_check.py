@@ -16,7 +16,7 @@ import functools
 import inspect
 import json
 import textwrap
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,7 +25,6 @@ from lib.job.args import ArgsError, unmarshal_args
 from lib.operate.python_writers import python_writers
 from lib.operate.sql_writers import sql_writers
 from lib.operate.writers import Writer, found
-from lib.store.db import DB
 
 
 @dataclass
@@ -36,13 +35,12 @@ class Report:
     handled: dict[str, frozenset[str]] = field(default_factory=dict)
 
 
-def check(
-    registry: Iterable[Callable[[DB], Any]], schedule: Iterable[Any], root: Path, extra: Iterable[Path] = ()
-) -> Report:
-    """extra: files and folders outside the project (an application that
+def check(queues: Sequence[Any], schedule: Iterable[Any], root: Path, extra: Iterable[Path] = ()) -> Report:
+    """queues: the registry's definitions (lib/run/queue.py: setup_check.defined).
+    extra: files and folders outside the project (an application that
     enqueues), read for both Python enqueue calls and SQL."""
     report = Report()
-    report.handled = handled(registry, report.problems)
+    report.handled = handled(queues, report.problems)
     report.writers += python_writers(root, report.problems, report.warnings)
     report.writers += sql_writers(root, report.problems, report.warnings)
     for path in extra:
@@ -50,7 +48,7 @@ def check(
         report.writers += sql_writers(root, report.problems, report.warnings, files=found(path, ".sql"))
     schedule = list(schedule)
     report.writers += [Writer("schedule", entry.queue, entry.name) for entry in schedule]
-    report.problems += schedule_args_problems(registry, schedule)
+    report.problems += schedule_args_problems(queues, schedule)
     for writer in report.writers:
         names = report.handled.get(writer.queue)
         if names is not None and writer.name in names:
@@ -60,11 +58,9 @@ def check(
     return report
 
 
-def main(
-    registry: Iterable[Callable[[DB], Any]], schedule: Iterable[Any], root: Path, extra: Iterable[Path] = ()
-) -> int:
+def main(queues: Sequence[Any], schedule: Iterable[Any], root: Path, extra: Iterable[Path] = ()) -> int:
     """Print each problem (and warning); 1 if there is any problem, else 0."""
-    report = check(registry, schedule, root, extra)
+    report = check(queues, schedule, root, extra)
     for line in report.warnings:
         print(f"warning: {line}")
     for line in report.problems:
@@ -83,36 +79,28 @@ def main(
 # Handled pairs
 
 
-def handled(registry: Iterable[Callable[[DB], Any]], problems: list[str]) -> dict[str, frozenset[str]]:
-    """queue -> the job names its poller handles. The pool never connects: the
-    constructors only keep it."""
-    db = DB("postgresql:///unused", size=1)
-    queues: dict[str, frozenset[str]] = {}
-    for i, make in enumerate(registry):
-        label = f"{getattr(make, '__module__', '?')}.{getattr(make, '__qualname__', repr(make))}"
-        try:
-            poller = make(db)
-        except Exception as exc:
-            problems.append(f"REGISTRY[{i}] ({label}) raised {type(exc).__name__}: {exc}")
-            continue
-        if poller.queue in queues:
+def handled(queues: Sequence[Any], problems: list[str]) -> dict[str, frozenset[str]]:
+    """queue -> the job names its definition handles."""
+    names: dict[str, frozenset[str]] = {}
+    for i, queue in enumerate(queues):
+        if queue.name in names:
             # Each poller would claim the other's jobs and fail them as unknown.
-            problems.append(f"REGISTRY[{i}] ({label}): queue {poller.queue!r} is registered twice")
+            problems.append(f"REGISTRY[{i}]: queue {queue.name!r} is registered twice")
             continue
-        queues[poller.queue] = frozenset(poller.handles)
-    return queues
+        names[queue.name] = queue.handles
+    return names
 
 
 # Scheduled args against the dataclass the handler reads them into
 
 
-def schedule_args_problems(registry: Iterable[Callable[[DB], Any]], schedule: Iterable[Any]) -> list[str]:
+def schedule_args_problems(queues: Sequence[Any], schedule: Iterable[Any]) -> list[str]:
     """Each schedule entry whose args do not fit its handler's dataclass
     (a missing field, a field of the wrong type). The dataclass is read from
     the handler's source, never by running it: where it cannot be told (the
     handler does not call unmarshal_args with a dataclass it names), the
     entry is not checked."""
-    types = args_types(registry)
+    types = args_types(queues)
     problems = []
     for entry in schedule:
         cls = types.get((entry.queue, entry.name))
@@ -126,20 +114,15 @@ def schedule_args_problems(registry: Iterable[Callable[[DB], Any]], schedule: It
     return problems
 
 
-def args_types(registry: Iterable[Callable[[DB], Any]]) -> dict[tuple[str, str], type]:
+def args_types(queues: Sequence[Any]) -> dict[tuple[str, str], type]:
     """(queue, job name) -> the dataclass its handler reads its args into,
     for each handler where args_type can tell."""
     types: dict[tuple[str, str], type] = {}
-    db = DB("postgresql:///unused", size=1)
-    for make in registry:
-        try:
-            poller = make(db)
-        except Exception:
-            continue  # handled() reports it
-        for name, handler in poller.dispatch.items():
+    for queue in queues:
+        for name, handler in queue.dispatch.items():
             cls = args_type(handler)
             if cls is not None:
-                types[(poller.queue, name)] = cls
+                types[(queue.name, name)] = cls
     return types
 
 

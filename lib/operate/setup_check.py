@@ -2,9 +2,10 @@
 connects or starts: a queue constructor that raises (a handler's name with a
 stray space, say), a schedule that cannot be loaded (a bad cadence such as
 every(7), an entry's name with a stray space) and a schedule entry listed
-twice. `worker.main` calls checked() for every command, `check` among them,
-so check fails on exactly what would stop the worker, and the worker stops
-with one line and exit code 2, not with a traceback from a part half started.
+twice. `worker.main` calls checked() for every command, and defined() for
+`check` and the worker (the worker on its own pool), so check fails on
+exactly what would stop the worker, and the worker stops with one line and
+exit code 2, not with a traceback from a part half started.
 """
 
 from __future__ import annotations
@@ -25,15 +26,9 @@ _LIB = Path(__file__).resolve().parents[1]
 Schedule = Sequence[Scheduled] | Callable[[], Sequence[Scheduled]]
 
 
-def checked(registry: Sequence[Callable[[DB], Any]], schedule: Schedule, *, build: bool) -> list[Scheduled]:
-    """The schedule (loaded, when given as a loader), once it can run and,
-    with build, once every queue constructor builds its poller; else
-    SettingError, one line. With build the constructors get a pool that never
-    connects: only `check` asks for that, since a constructor may keep the
-    pool it is given (the worker builds its queues once, on its own pool,
-    through built())."""
-    if build:
-        built(registry, DB("postgresql:///unused", size=1))
+def checked(schedule: Schedule) -> list[Scheduled]:
+    """The schedule (loaded, when given as a loader), once it can run; else
+    SettingError, one line."""
     entries = _loaded(schedule)
     try:
         check_schedule(entries)
@@ -42,9 +37,10 @@ def checked(registry: Sequence[Callable[[DB], Any]], schedule: Schedule, *, buil
     return entries
 
 
-def built(registry: Sequence[Callable[[DB], Any]], db: DB) -> list[Any]:
-    """Each constructor's poller, built on db; SettingError, one line, naming
-    the first constructor that raises."""
+def defined(registry: Sequence[Callable[[DB], Any]], db: DB) -> list[Any]:
+    """Each constructor's queue definition (lib/run/queue.py), on db, which a
+    constructor may keep for its handlers; SettingError, one line, naming the
+    first constructor that raises."""
     made = []
     for make in registry:
         try:
@@ -52,6 +48,12 @@ def built(registry: Sequence[Callable[[DB], Any]], db: DB) -> list[Any]:
         except Exception as exc:
             raise SettingError(f"{_label(make)} cannot build its queue: {_fault(exc)}") from None
     return made
+
+
+def unconnected() -> DB:
+    """A pool that never connects, for `check`: the constructors only keep
+    the pool they are given, and check reads the code, not the database."""
+    return DB("postgresql:///unused", size=1)
 
 
 def loader(module: str, name: str = "SCHEDULE") -> Callable[[], list[Scheduled]]:

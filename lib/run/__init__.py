@@ -2,4 +2,5 @@
 loop (poller.py): claim the head of the queue (claim.py), run the handler
 under the lease's fence and the job timeout (execute.py), decide the outcome
 (outcome.py), and hand it to the completer to write (write.py, completer.py).
-What the pollers of a worker share is its Runtime (runtime.py)."""
+A queue's definition is a Queue (queue.py), plain data; what the pollers of
+a worker share is its Runtime (runtime.py)."""

@@ -30,7 +30,7 @@ from lib.greenlets.backoff import backoff
 from lib.job import Handler, PendingJob, Snooze, status
 from lib.job.text import describe
 from lib.operate.queue_state import AUTH_PREFIX
-from lib.run.poller import Poller
+from lib.run.queue import Queue
 from lib.setup.errors import Outage, capture, reported
 from lib.store.db import DB
 from lib.store.sql import Q
@@ -73,8 +73,8 @@ def make_api_worker(
     rate_limit_budget: timedelta = RATE_LIMIT_BUDGET,
     client_options: Mapping[str, Any] | None = None,
     **options: Any,
-) -> Poller:
-    """The queue's Poller, with client, else one of client_class built from
+) -> Queue:
+    """The queue's definition, with client, else one of client_class built from
     token and base_url (the worker's settings: queues.registry); off (with the
     reason) when the token is not set or cannot be sent (the client refuses
     it when built: see NotConfigured)."""
@@ -86,7 +86,7 @@ def make_api_worker(
             disabled_reason = str(exc)
     policy = _Policy(queue, db, client, now, Outage(f"queue {queue}'s API"), transient_attempts, rate_limit_budget)
     dispatch: dict[str, Handler] = {name: _guard(policy, handler) for name, handler in handlers.items()}
-    return Poller(queue, db, dispatch, throttle=throttle, disabled_reason=disabled_reason, **options)
+    return Queue(queue, dispatch, throttle=throttle, disabled_reason=disabled_reason, **options)
 
 
 @dataclass(frozen=True)

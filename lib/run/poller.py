@@ -8,21 +8,19 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import gevent
 from gevent.event import Event
 
-from lib.greenlets.backoff import BASE_SECONDS as RETRY_BASE_SECONDS
 from lib.greenlets.backoff import Backoff
-from lib.insert import check_name
-from lib.job import Handler, PendingJob, Throttle, real_seconds
+from lib.job import PendingJob, Throttle, real_seconds
 from lib.job import status as st
 from lib.job.text import describe
 from lib.run.claim import Claimer, ClaimResult
 from lib.run.execute import Executor
 from lib.run.outcome import Abandon, Decision, GiveBack, Interrupted, Outcome, decide, recorded
+from lib.run.queue import Queue
 from lib.run.release import Releaser
 from lib.run.runtime import Runtime
 from lib.run.write import Writer
@@ -48,62 +46,36 @@ class Worked(NamedTuple):
 
 
 class Poller:
-    def __init__(
-        self,
-        queue: str,
-        db: DB,
-        dispatch: Mapping[str, Handler],
-        *,
-        throttle: Throttle | None = None,
-        job_timeout: float = 600.0,
-        # Only a fallback: LISTEN/NOTIFY wakes a poller, and an idle one sleeps
-        # to its queue's next delayed row or to the end of a pause or throttle.
-        poll_interval: float = 120.0,
-        concurrency: int = 1,
-        max_attempts: int = 1,
-        disabled_reason: str | None = None,
-        dedupe: frozenset[str] | set[str] = frozenset(),
-        retry_base: float = RETRY_BASE_SECONDS,
-        runtime: Runtime | None = None,
-    ) -> None:
-        _check_config(
-            queue, dispatch, job_timeout, poll_interval, retry_base, concurrency, max_attempts, throttle, dedupe
-        )
-        # What bound() builds this poller again from, on another runtime.
-        self._options: dict[str, Any] = dict(
-            throttle=throttle, job_timeout=job_timeout, poll_interval=poll_interval, concurrency=concurrency,
-            max_attempts=max_attempts, disabled_reason=disabled_reason, dedupe=dedupe, retry_base=retry_base,
-        )  # fmt: skip
-        self.runtime = runtime = runtime or Runtime.alone(db)
-        self.queue = queue
+    """One queue's poller, built once from its definition (lib/run/queue.py)
+    on the runtime the worker's pollers share."""
+
+    def __init__(self, queue: Queue, db: DB, runtime: Runtime) -> None:
+        self.definition = queue
+        self.runtime = runtime
+        self.queue = name = queue.name
         self.db = db
-        self.dispatch = dict(dispatch)
-        self.throttle = throttle
-        self.job_timeout = job_timeout
-        self.poll_interval = min(poll_interval, runtime.poll_interval or poll_interval)
-        self.concurrency = concurrency
-        self.max_attempts = max_attempts
-        self.retry_base = retry_base
-        self.outage = runtime.outage or Outage(f"queue={queue} fetch")
-        # Why this queue must not run in this process (say, its API token is
-        # not configured); the worker says so once and leaves it alone.
-        self.disabled_reason = disabled_reason
-        # Job names that refuse a second pending or started copy with the same args.
-        self.dedupe = frozenset(dedupe)
+        self.dispatch = queue.dispatch
+        self.throttle = queue.throttle
+        self.job_timeout = queue.job_timeout
+        self.poll_interval = min(queue.poll_interval, runtime.poll_interval or queue.poll_interval)
+        self.concurrency = concurrency = queue.concurrency
+        self.max_attempts = queue.max_attempts
+        self.retry_base = queue.retry_base
+        self.outage = runtime.outage or Outage(f"queue={name} fetch")
         self.leases = runtime.leases
         # Outcomes and claims go to the server through the completer (the
         # process's group commit).
         self.completer = runtime.completer
         self.running: dict[int, PendingJob] = {}
         # A fault of the claim that is not a lost connection, once per run.
-        self.claim_fault = Outage(f"queue={queue} claim")
+        self.claim_fault = Outage(f"queue={name} claim")
         self._wakeups = [Event() for _ in range(concurrency)]
         # The stages, in the order a job goes through them.
-        self.claimer = Claimer(queue, db, self.completer, self.leases, max_attempts=max_attempts)
-        self.executor = Executor(queue, db, dispatch, self.leases, job_timeout=job_timeout)
-        self.releaser = Releaser(queue, db, self.leases)
+        self.claimer = Claimer(name, db, self.completer, self.leases, max_attempts=queue.max_attempts)
+        self.executor = Executor(name, db, queue.dispatch, self.leases, job_timeout=queue.job_timeout)
+        self.releaser = Releaser(name, db, self.leases)
         self.writer = Writer(
-            queue,
+            name,
             self.completer,
             self.claimer,
             self.leases,
@@ -112,13 +84,9 @@ class Poller:
             release=self.releaser.release,
         )
 
-    def bound(self, runtime: Runtime) -> Poller:
-        """This poller, built again on the worker's runtime."""
-        return Poller(self.queue, self.db, self.dispatch, runtime=runtime, **self._options)
-
     @property
     def handles(self) -> frozenset[str]:
-        return frozenset(self.dispatch)
+        return self.definition.handles
 
     def wake(self) -> None:
         """Something was enqueued (or the worker is stopping): look now."""
@@ -326,35 +294,6 @@ def _log_done(queue: str, worker_id: str, job: PendingJob, outcome: Outcome, ela
             "worker": worker_id,
         },
     )
-
-
-def _check_config(
-    queue: str,
-    dispatch: Mapping[str, Handler],
-    job_timeout: float,
-    poll_interval: float,
-    retry_base: float,
-    concurrency: int,
-    max_attempts: int,
-    throttle: Throttle | None,
-    dedupe: frozenset[str] | set[str],
-) -> None:
-    # A bad configuration fails when the worker starts, not at the first job.
-    check_name("queue", queue)
-    if not dispatch or not all(callable(h) for h in dispatch.values()):
-        raise ValueError(f"queue {queue}: dispatch must map job names to handlers")
-    for name in dispatch:
-        check_name(f"queue {queue}: job name", name)
-    if job_timeout <= 0 or poll_interval <= 0:
-        raise ValueError(f"queue {queue}: job_timeout and poll_interval must be positive")
-    if retry_base <= 0:
-        raise ValueError(f"queue {queue}: retry_base must be positive")
-    if concurrency < 1 or max_attempts < 1:
-        raise ValueError(f"queue {queue}: concurrency and max_attempts must be at least 1")
-    if throttle is not None and not callable(throttle):
-        raise ValueError(f"queue {queue}: throttle must be callable")
-    if not set(dedupe) <= set(dispatch):
-        raise ValueError(f"queue {queue}: dedupe names jobs it does not handle: {set(dedupe) - set(dispatch)}")
 
 
 def _claim_failed(exc: BaseException, queue: str, outage: Outage, claim_fault: Outage) -> None:

@@ -12,7 +12,7 @@ from lib.background.leases import Leases
 from lib.run.completer import Completer
 from lib.setup.errors import Outage
 from lib.store.db import DB
-from lib.store.group_commit import committer
+from lib.store.group_commit import Committer
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,7 @@ class Runtime:
         cls, db: DB, *, worker_id: str | None = None, lease: float | None = None, outage: Outage | None = None
     ) -> Runtime:
         """A runtime of pollers that run without a worker (a script, a test):
-        their own lease keeper, the process's group commit on db."""
+        their own lease keeper and group commit on db. The pollers built on
+        it share both, as a worker's do; pollers on two runtimes do not."""
         leases = Leases(db, worker_id=worker_id) if lease is None else Leases(db, worker_id=worker_id, lease=lease)
-        return cls(leases, committer(db), outage=outage)
+        return cls(leases, Committer(db), outage=outage)

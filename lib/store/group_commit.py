@@ -23,7 +23,6 @@ the connection an outcome needs.
 from __future__ import annotations
 
 import logging
-import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -208,14 +207,3 @@ class _Answers:
         queue, worker = ask.claim["queue"], ask.claim["worker_id"]
         row = self.claimed.get((queue, worker, ask.claim["slot"]))
         return Reply(written, row if row is not None else self.waits.get((queue, worker)), held)
-
-
-_committers: weakref.WeakKeyDictionary[DB, Committer] = weakref.WeakKeyDictionary()
-
-
-def committer(db: DB) -> Committer:
-    """The one committer of a pool: every poller over it shares its batches."""
-    found = _committers.get(db)
-    if found is None:
-        found = _committers[db] = Committer(db)
-    return found

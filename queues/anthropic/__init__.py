@@ -11,11 +11,11 @@ from lib.clients.anthropic import READ_TIMEOUT
 from lib.job import PendingJob, status
 from lib.job.args import unmarshal_args
 from lib.run.api_queue import make_api_worker, throttle_for
-from lib.run.poller import Poller
+from lib.run.queue import Queue
 from lib.store.db import DB
 from lib.store.sql import Q
 
-# The Poller's own default, which a job_timeout option replaces.
+# A queue's own default (lib/run/queue.py), which a job_timeout option replaces.
 DEFAULT_JOB_TIMEOUT = 600.0
 # 50 requests a minute is the lowest usage tier's limit; a 429 still backs off
 # to the reset the API names.
@@ -55,7 +55,7 @@ def ask(db: DB, client: AnthropicClient, job: PendingJob) -> str:
     return status.ok(args.key)
 
 
-def make_worker(db: DB, client: AnthropicClient | None = None, **options: Any) -> Poller:
+def make_worker(db: DB, client: AnthropicClient | None = None, **options: Any) -> Queue:
     """The anthropic queue. Outcomes are lib.clients.anthropic.OUTCOMES:
 
     ===============================  ==========  ===============================

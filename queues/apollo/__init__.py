@@ -35,7 +35,7 @@ from lib.clients.errors import BadInputError, NotFoundError
 from lib.job import PendingJob, status
 from lib.job.args import unmarshal_args
 from lib.run.api_queue import make_api_worker, throttle_for
-from lib.run.poller import Poller
+from lib.run.queue import Queue
 from lib.store.db import DB
 from lib.store.sql import Q
 
@@ -64,6 +64,6 @@ def enrich_organization(db: DB, client: ApolloClient, job: PendingJob) -> str:
     return status.ok(args.domain)
 
 
-def make_worker(db: DB, client: ApolloClient | None = None, **options: Any) -> Poller:
+def make_worker(db: DB, client: ApolloClient | None = None, **options: Any) -> Queue:
     handlers = {"apollo.EnrichOrganization": enrich_organization}
     return make_api_worker("apollo", db, client, ApolloClient, handlers, throttle, **options)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from lib.job import PendingJob, status
-from lib.run.poller import Poller
+from lib.run.queue import Queue
 from lib.store.db import DB
 from lib.store.sql import Q
 
@@ -16,8 +16,8 @@ def age(db: DB, batch: int = BATCH) -> str:
     return status.ok(f"deleted {deleted}") if deleted else status.skip("nothing expired")
 
 
-def make_worker(db: DB) -> Poller:
+def make_worker(db: DB) -> Queue:
     def handle_age(job: PendingJob) -> str:
         return age(db)
 
-    return Poller("caches", db, {"caches.Age": handle_age})
+    return Queue("caches", {"caches.Age": handle_age})

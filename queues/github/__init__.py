@@ -11,7 +11,7 @@ from lib.clients.errors import NotFoundError
 from lib.job import PendingJob, status
 from lib.job.args import unmarshal_args
 from lib.run.api_queue import make_api_worker, throttle_for
-from lib.run.poller import Poller
+from lib.run.queue import Queue
 from lib.store.db import DB
 from lib.store.sql import Q
 
@@ -54,7 +54,7 @@ def fetch_user(db: DB, client: GitHubClient, job: PendingJob) -> str:
     return status.ok(args.login)
 
 
-def make_worker(db: DB, client: GitHubClient | None = None, **options: Any) -> Poller:
+def make_worker(db: DB, client: GitHubClient | None = None, **options: Any) -> Queue:
     """The github queue. Outcomes are lib.clients.github.OUTCOMES:
 
     ==========================================  ==========  =====================

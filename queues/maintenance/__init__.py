@@ -11,7 +11,7 @@ import logging
 
 from lib.background import worker_registry
 from lib.job import PendingJob, status
-from lib.run.poller import Poller
+from lib.run.queue import Queue
 from lib.setup.settings import DEFAULT_RETENTION_DAYS
 from lib.store.db import DB
 from lib.store.sql import Q
@@ -46,12 +46,12 @@ def clean_up(db: DB, days: int = DEFAULT_RETENTION_DAYS) -> str:
     return status.ok(f"{status.detail(done)}; forgot {forgotten} workers unseen for a day")
 
 
-def make_worker(db: DB, retention_days: int = DEFAULT_RETENTION_DAYS) -> Poller:
+def make_worker(db: DB, retention_days: int = DEFAULT_RETENTION_DAYS) -> Queue:
     """The queue, keeping finished rows retention_days (the settings', bound by queues.registry)."""
 
     def handle(job: PendingJob) -> str:
         return clean_up(db, retention_days)
 
-    return Poller(
-        "maintenance", db, {"maintenance.CleanUpJobs": handle}, job_timeout=3600, dedupe={"maintenance.CleanUpJobs"}
+    return Queue(
+        "maintenance", {"maintenance.CleanUpJobs": handle}, job_timeout=3600, dedupe={"maintenance.CleanUpJobs"}
     )

@@ -44,7 +44,7 @@ from lib.clients.errors import BadInputError, OutcomeUnknown
 from lib.job import PendingJob, status
 from lib.job.args import unmarshal_args
 from lib.run.api_queue import make_api_worker, throttle_for
-from lib.run.poller import Poller
+from lib.run.queue import Queue
 from lib.store.db import DB
 from lib.store.sql import Q
 
@@ -81,5 +81,5 @@ def post_message(db: DB, client: SlackClient, job: PendingJob) -> str:
     return status.ok(answer.get("ts"))
 
 
-def make_worker(db: DB, client: SlackClient | None = None, **options: Any) -> Poller:
+def make_worker(db: DB, client: SlackClient | None = None, **options: Any) -> Queue:
     return make_api_worker("slack", db, client, SlackClient, {"slack.PostMessage": post_message}, throttle, **options)

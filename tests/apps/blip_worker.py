@@ -22,7 +22,7 @@ import gevent  # noqa: E402
 
 import worker  # noqa: E402
 from lib.job import PendingJob, status  # noqa: E402
-from lib.run.poller import Poller  # noqa: E402
+from lib.run.queue import Queue  # noqa: E402
 from lib.store.db import DB  # noqa: E402
 
 CONCURRENCY = int(os.environ.get("BLIP_CONCURRENCY", "8"))
@@ -35,8 +35,8 @@ def run(job: PendingJob) -> str:
     return status.ok()
 
 
-def make_blip(db: DB) -> Poller:
-    return Poller("blip", db, {"blip.Run": run}, poll_interval=0.3, concurrency=CONCURRENCY)
+def make_blip(db: DB) -> Queue:
+    return Queue("blip", {"blip.Run": run}, poll_interval=0.3, concurrency=CONCURRENCY)
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ import gevent  # noqa: E402
 import worker  # noqa: E402
 from lib.job import PendingJob, status  # noqa: E402
 from lib.job.args import unmarshal_args  # noqa: E402
-from lib.run.poller import Poller  # noqa: E402
+from lib.run.queue import Queue  # noqa: E402
 from lib.store.db import DB  # noqa: E402
 from lib.store.group_commit import Committer  # noqa: E402
 
@@ -116,8 +116,8 @@ def _flush_forever(db: DB) -> None:
         gevent.sleep(0.1)
 
 
-def make_queue(queue: str) -> Callable[[DB], Poller]:
-    def make(worker_db: DB) -> Poller:
+def make_queue(queue: str) -> Callable[[DB], Queue]:
+    def make(worker_db: DB) -> Queue:
         global _late_db, _record_db
         record_url = os.environ.get("CHAOS_RECORD_URL") or worker_db.dsn
         if _record_db is None:
@@ -148,9 +148,7 @@ def make_queue(queue: str) -> Callable[[DB], Poller]:
             return status.ok()
 
         # A short retry base, so retried jobs finish within the run.
-        return Poller(
-            queue, db, {"chaos.Run": run}, poll_interval=POLL_INTERVAL, max_attempts=MAX_ATTEMPTS, retry_base=0.5
-        )
+        return Queue(queue, {"chaos.Run": run}, poll_interval=POLL_INTERVAL, max_attempts=MAX_ATTEMPTS, retry_base=0.5)
 
     return make
 

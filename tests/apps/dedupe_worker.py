@@ -18,20 +18,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import worker  # noqa: E402
 from lib.job import PendingJob, status  # noqa: E402
-from lib.run.poller import Poller  # noqa: E402
+from lib.run.queue import Queue  # noqa: E402
 from lib.store.db import DB  # noqa: E402
 
 DEDUPE = {name for name in os.environ.get("DEDUPE_NAMES", "").split(",") if name}
 
 
-def make_dd(db: DB) -> Poller:
+def make_dd(db: DB) -> Queue:
     def record(job: PendingJob) -> str:
         db.exec(
             "INSERT INTO dedupe_runs (job_id, name, args) VALUES (%s, %s, %s)", (job.id, job.name, json.dumps(job.args))
         )
         return status.ok()
 
-    return Poller("dd", db, {"dd.A": record, "dd.B": record}, dedupe=DEDUPE, poll_interval=0.2)
+    return Queue("dd", {"dd.A": record, "dd.B": record}, dedupe=DEDUPE, poll_interval=0.2)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import worker  # noqa: E402
 from lib.job import PendingJob, status  # noqa: E402
 from lib.job.args import unmarshal_args  # noqa: E402
-from lib.run.poller import Poller  # noqa: E402
+from lib.run.queue import Queue  # noqa: E402
 from lib.store.db import DB  # noqa: E402
 
 SETUP = os.environ.get("ELSEWHERE_SETUP", "ok")
@@ -40,9 +40,9 @@ def echo(job: PendingJob) -> str:
     return status.ok()
 
 
-def make_elsewhere(db: DB) -> Poller:
+def make_elsewhere(db: DB) -> Queue:
     name = "elsewhere.Echo " if SETUP == "space" else "elsewhere.Echo"
-    return Poller("elsewhere", db, {name: echo}, poll_interval=0.5)
+    return Queue("elsewhere", {name: echo}, poll_interval=0.5)
 
 
 if __name__ == "__main__":

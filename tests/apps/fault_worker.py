@@ -22,7 +22,7 @@ from lib.job import (  # noqa: E402
     Snooze,
     status,
 )
-from lib.run.poller import Poller  # noqa: E402
+from lib.run.queue import Queue  # noqa: E402
 from lib.store.db import DB  # noqa: E402
 
 
@@ -31,7 +31,7 @@ class Unprintable(Exception):
         raise ValueError("no text for this one")
 
 
-def make_faults(db: DB) -> Poller:
+def make_faults(db: DB) -> Queue:
     snoozed: set[int] = set()
 
     def good(job: PendingJob) -> str:
@@ -81,7 +81,7 @@ def make_faults(db: DB) -> Poller:
         "faults.SnoozeBool": snooze_bool,
         "faults.SnoozeDecimal": snooze_decimal,
     }
-    return Poller("faults", db, handlers, poll_interval=0.5, job_timeout=1)
+    return Queue("faults", handlers, poll_interval=0.5, job_timeout=1)
 
 
 if __name__ == "__main__":

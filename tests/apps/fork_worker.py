@@ -31,7 +31,7 @@ import gevent  # noqa: E402
 import worker  # noqa: E402
 from lib.job import PendingJob, status  # noqa: E402
 from lib.job.args import unmarshal_args  # noqa: E402
-from lib.run.poller import Poller  # noqa: E402
+from lib.run.queue import Queue  # noqa: E402
 from lib.store.db import DB  # noqa: E402
 
 # How long a child, if one is made, lives on as a clone of the worker.
@@ -114,13 +114,13 @@ def noop(job: PendingJob) -> str:
     return status.ok()
 
 
-def make_forks(db: DB) -> Poller:
+def make_forks(db: DB) -> Queue:
     handlers = {"fork.Fork": fork, "fork.Subprocess": run_subprocess, "fork.Spawn": spawn}
-    return Poller("forks", db, handlers, poll_interval=0.5)
+    return Queue("forks", handlers, poll_interval=0.5)
 
 
-def make_noop(db: DB) -> Poller:
-    return Poller("noop", db, {"noop.Run": noop}, poll_interval=0.5, concurrency=4)
+def make_noop(db: DB) -> Queue:
+    return Queue("noop", {"noop.Run": noop}, poll_interval=0.5, concurrency=4)
 
 
 if __name__ == "__main__":

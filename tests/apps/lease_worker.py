@@ -25,7 +25,7 @@ import gevent  # noqa: E402
 import worker  # noqa: E402
 from lib.job import PendingJob, status  # noqa: E402
 from lib.job.args import unmarshal_args  # noqa: E402
-from lib.run.poller import Poller  # noqa: E402
+from lib.run.queue import Queue  # noqa: E402
 from lib.store.db import DB  # noqa: E402
 
 _blocking_sleep = monkey.get_original("time", "sleep")
@@ -59,13 +59,13 @@ def _recorded(wait: Callable[[float], None]) -> Callable[[PendingJob], str]:
     return handler
 
 
-def make_lease(db: DB) -> Poller:
+def make_lease(db: DB) -> Queue:
     handlers = {
         "lease.Sleep": _recorded(gevent.sleep),
         "lease.HubSleep": _recorded(_blocking_sleep),
         "lease.Spin": _recorded(_spin),
     }
-    return Poller("lease", db, handlers, poll_interval=0.3)
+    return Queue("lease", handlers, poll_interval=0.3)
 
 
 if __name__ == "__main__":

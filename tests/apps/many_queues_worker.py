@@ -24,7 +24,7 @@ import gevent  # noqa: E402
 import worker  # noqa: E402
 from lib.job import PendingJob, status  # noqa: E402
 from lib.job.args import unmarshal_args  # noqa: E402
-from lib.run.poller import Poller  # noqa: E402
+from lib.run.queue import Queue  # noqa: E402
 from lib.store.db import DB  # noqa: E402
 
 NOOP_QUEUES = [f"q{i:02d}" for i in range(41)]
@@ -57,11 +57,11 @@ def _noop(job: PendingJob) -> str:
     return status.ok()
 
 
-def registry() -> list[Callable[[DB], Poller]]:
+def registry() -> list[Callable[[DB], Queue]]:
     # The no-op queues have a backlog and LISTEN to wake them; the fallback poll
     # only matters for a slow queue's job enqueued while it sleeps.
-    noop = [lambda db, q=q: Poller(q, db, {NOOP_JOB: _noop}, poll_interval=1.0) for q in NOOP_QUEUES]
-    slow = [lambda db, q=q: Poller(q, db, {SLOW_JOB: _slow}, poll_interval=0.3) for q in SLOW_QUEUES]
+    noop = [lambda db, q=q: Queue(q, {NOOP_JOB: _noop}, poll_interval=1.0) for q in NOOP_QUEUES]
+    slow = [lambda db, q=q: Queue(q, {SLOW_JOB: _slow}, poll_interval=0.3) for q in SLOW_QUEUES]
     return noop + slow
 
 

@@ -24,7 +24,7 @@ from sentry_sdk.transport import Transport  # noqa: E402
 import worker  # noqa: E402
 from lib.job import PendingJob, status  # noqa: E402
 from lib.job.args import unmarshal_args  # noqa: E402
-from lib.run.poller import Poller  # noqa: E402
+from lib.run.queue import Queue  # noqa: E402
 from lib.setup import errors  # noqa: E402
 from lib.store.db import DB  # noqa: E402
 
@@ -49,7 +49,7 @@ class TextArgs:
     text: str
 
 
-def make_poison(db: DB) -> Poller:
+def make_poison(db: DB) -> Queue:
     def good(job: PendingJob) -> str:
         db.exec("INSERT INTO poison_runs (job_id) VALUES (%s)", (job.id,))
         return status.ok()
@@ -65,7 +65,7 @@ def make_poison(db: DB) -> Poller:
         return "fail: " + unmarshal_args(TextArgs, job.args).text.replace("NUL", "\x00")
 
     handlers = {"poison.Good": good, "poison.Args": args, "poison.Raise": raise_, "poison.Fail": fail}
-    return Poller("poison", db, handlers, poll_interval=0.5)
+    return Queue("poison", handlers, poll_interval=0.5)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ import gevent  # noqa: E402
 import worker  # noqa: E402
 from lib.job import PendingJob, status  # noqa: E402
 from lib.job.args import unmarshal_args  # noqa: E402
-from lib.run.poller import Poller  # noqa: E402
+from lib.run.queue import Queue  # noqa: E402
 from lib.store.db import DB  # noqa: E402
 
 
@@ -25,7 +25,7 @@ class SleepArgs:
     seconds: float
 
 
-def make_probe(db: DB) -> Poller:
+def make_probe(db: DB) -> Queue:
     def sleep(job: PendingJob) -> str:
         args = unmarshal_args(SleepArgs, job.args)
         db.exec("INSERT INTO probe_runs (job_id, event) VALUES (%s, 'start')", (job.id,))
@@ -33,7 +33,7 @@ def make_probe(db: DB) -> Poller:
         db.exec("INSERT INTO probe_runs (job_id, event) VALUES (%s, 'end')", (job.id,))
         return status.ok()
 
-    return Poller("probe", db, {"probe.Sleep": sleep}, poll_interval=0.2)
+    return Queue("probe", {"probe.Sleep": sleep}, poll_interval=0.2)
 
 
 if __name__ == "__main__":

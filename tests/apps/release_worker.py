@@ -22,7 +22,7 @@ import gevent  # noqa: E402
 
 import worker  # noqa: E402
 from lib.job import PendingJob, status  # noqa: E402
-from lib.run.poller import Poller  # noqa: E402
+from lib.run.queue import Queue  # noqa: E402
 from lib.store.db import DB  # noqa: E402
 
 RELEASES = {"A": ("up.Old",), "B": ("up.Old", "up.New")}
@@ -36,10 +36,10 @@ def _run(job: PendingJob) -> str:
     return status.ok()
 
 
-def make_up(db: DB) -> Poller:
+def make_up(db: DB) -> Queue:
     names = RELEASES[os.environ["RELEASE"]]
     concurrency = int(os.environ.get("CONCURRENCY", "1"))
-    return Poller("up", db, dict.fromkeys(names, _run), concurrency=concurrency)
+    return Queue("up", dict.fromkeys(names, _run), concurrency=concurrency)
 
 
 if __name__ == "__main__":

@@ -13,16 +13,16 @@ from pathlib import Path
 import pytest
 from conftest import NOW, TOKEN
 from gevent.event import Event
-from tests_support import paused, read_until, wait_for
+from tests_support import make_poller, paused, read_until, wait_for
 
 from lib.clients import AnthropicClient, ApolloClient, GitHubClient, SlackClient
 from lib.insert import insert
 from lib.job import status as st
+from lib.operate import setup_check
 from lib.operate.queue_state import AUTH_PREFIX, pause
-from lib.run.poller import Poller
+from lib.run.queue import Queue
 from lib.run.runtime import Runtime
 from lib.setup.settings import Settings
-from lib.store.db import DB
 from queues import anthropic, apollo, github, registry, slack
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,16 +44,16 @@ def clean(db):
     db.exec("TRUNCATE job_queues, github_repos, apollo_organizations, slack_posts")
 
 
-def _apollo(db, fake_api, **options):
+def _apollo(db, fake_api, runtime=None, **options):
     client = ApolloClient(TOKEN, base_url=fake_api.url + "/api/v1", now=lambda: NOW)
-    return apollo.make_worker(db, client, now=lambda: NOW, **options)
+    return make_poller(apollo.make_worker(db, client, now=lambda: NOW, **options), db, runtime=runtime)
 
 
 def test_github_repo_is_fetched_and_stored(db, fake_api):
     client = GitHubClient(TOKEN, base_url=fake_api.url, now=lambda: NOW)
     fake_api.reply(200, {"full_name": "octo/hello", "stargazers_count": 7}, {"x-ratelimit-remaining": "4999"})
     insert(db, "github", "github.FetchRepo", {"owner": "octo", "repo": "hello"})
-    assert github.make_worker(db, client).work_once() == "ok: octo/hello"
+    assert make_poller(github.make_worker(db, client), db).work_once() == "ok: octo/hello"
     assert fake_api.last.path == "/repos/octo/hello"
     assert db.query("SELECT full_name, data->>'stargazers_count' FROM github_repos") == [("octo/hello", "7")]
 
@@ -62,7 +62,7 @@ def test_missing_repo_is_a_fail_not_a_fault(db, fake_api, sentry_events):
     client = GitHubClient(TOKEN, base_url=fake_api.url, now=lambda: NOW)
     fake_api.reply(404, {"message": "Not Found"})
     insert(db, "github", "github.FetchRepo", {"owner": "octo", "repo": "gone"})
-    assert github.make_worker(db, client).work_once() == "fail: no repository octo/gone"
+    assert make_poller(github.make_worker(db, client), db).work_once() == "fail: no repository octo/gone"
     assert sentry_events == []
 
 
@@ -120,7 +120,7 @@ def test_slack_posts_once_even_when_run_again(db, fake_api):
     client = SlackClient(TOKEN, base_url=fake_api.url, now=lambda: NOW)
     fake_api.reply(200, {"ok": True, "channel": "C1", "ts": "1700000000.000100"})
     job_id = insert(db, "slack", "slack.PostMessage", {"channel": "C1", "text": "deployed"}, max_attempts=2)
-    worker = slack.make_worker(db, client)
+    worker = make_poller(slack.make_worker(db, client), db)
     assert worker.work_once() == "ok: 1700000000.000100"
     assert fake_api.last.json() == {"channel": "C1", "text": "deployed"}
     # As if the job were rescued and run again: it does not post a second time.
@@ -133,7 +133,7 @@ def test_slack_invalid_auth_on_http_200_pauses(db, fake_api, sentry_events):
     client = SlackClient(TOKEN, base_url=fake_api.url, now=lambda: NOW)
     fake_api.reply(200, {"ok": False, "error": "invalid_auth"})
     insert(db, "slack", "slack.PostMessage", {"channel": "C1", "text": "hi"})
-    result = slack.make_worker(db, client, now=lambda: NOW).work_once(stop=STOPPED)
+    result = make_poller(slack.make_worker(db, client, now=lambda: NOW), db).work_once(stop=STOPPED)
     assert result.startswith("skip: token rejected")
     assert [q for q, _, _ in paused(db)] == ["slack"]
     assert len(sentry_events) == 1
@@ -156,7 +156,7 @@ def test_anthropic_answer_is_stored(db, fake_api):
         },
     )
     insert(db, "anthropic", "anthropic.Ask", {"key": "capital-fr", "prompt": "Capital of France?"})
-    assert anthropic.make_worker(db, client).work_once() == "ok: capital-fr"
+    assert make_poller(anthropic.make_worker(db, client), db).work_once() == "ok: capital-fr"
     assert fake_api.last.json()["messages"] == [{"role": "user", "content": "Capital of France?"}]
     assert db.query("SELECT answer FROM anthropic_answers WHERE key = 'capital-fr'") == [("Paris.",)]
 
@@ -167,7 +167,7 @@ def test_anthropic_overloaded_sends_the_job_back(db, fake_api, sentry_events):
     client = AnthropicClient(TOKEN, base_url=fake_api.url, now=lambda: NOW)
     fake_api.reply(529, {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}})
     insert(db, "anthropic", "anthropic.Ask", {"key": "k", "prompt": "p"})
-    result = anthropic.make_worker(db, client, now=lambda: NOW).work_once(stop=STOPPED)
+    result = make_poller(anthropic.make_worker(db, client, now=lambda: NOW), db).work_once(stop=STOPPED)
     assert result.startswith("skip: rate limited, resets in 60s")
     assert sentry_events == []
 
@@ -200,18 +200,18 @@ def _without_tokens():
     return {k: v for k, v in os.environ.items() if not k.endswith(("_TOKEN", "_API_KEY"))}
 
 
-def _pollers(env, db=None) -> dict[str, Poller]:
-    """The registry's pollers as the worker builds them under env, by queue,
+def _definitions(env, db=None) -> dict[str, Queue]:
+    """The registry's queues as the worker defines them under env, by name,
     in its order; on db, else on a pool that never connects (the
     constructors only keep it)."""
-    db = db or DB("postgresql:///unused", size=1)
-    return {poller.queue: poller for poller in (make(db) for make in registry(Settings.from_env(env)))}
+    queues = setup_check.defined(registry(Settings.from_env(env)), db or setup_check.unconnected())
+    return {queue.name: queue for queue in queues}
 
 
 def _queues_on(env) -> list[str]:
     """The registry's queues that are on under env, in its order (the worker's
     start line): derived, so a queue a user adds does not break the test."""
-    return [queue for queue, poller in _pollers(env).items() if not poller.disabled_reason]
+    return [name for name, queue in _definitions(env).items() if not queue.disabled_reason]
 
 
 def test_worker_without_tokens_starts_and_says_which_queues_are_off(db, database_url):
@@ -248,10 +248,10 @@ BAD_TOKEN = "sekret-TOKEN\n1234"  # pasted with a line break
 def test_a_token_with_a_line_break_turns_its_queue_off(module, var):
     """Not sent with every job to fail each one with the token in its text:
     the queue is off from the start, and the reason names the variable only."""
-    poller = _pollers({var: BAD_TOKEN})[module.__name__.split(".")[-1]]
-    assert poller.disabled_reason is not None
-    assert poller.disabled_reason.startswith(f"{var} holds U+000A")
-    assert "sekret" not in poller.disabled_reason and "1234" not in poller.disabled_reason
+    queue = _definitions({var: BAD_TOKEN})[module.__name__.split(".")[-1]]
+    assert queue.disabled_reason is not None
+    assert queue.disabled_reason.startswith(f"{var} holds U+000A")
+    assert "sekret" not in queue.disabled_reason and "1234" not in queue.disabled_reason
 
 
 # Each API queue, its client, and one job it runs.
@@ -271,8 +271,9 @@ def test_the_registry_gives_each_api_queue_its_own_token_and_base_url(db, fake_a
     env = {c.TOKEN_ENV: f"{c.__name__}-token" for _, c, _, _ in API_QUEUES}
     env |= {c.BASE_URL_ENV: "http://127.0.0.1:9" for _, c, _, _ in API_QUEUES}
     env[cls.BASE_URL_ENV] = fake_api.url
-    poller = _pollers(env, db)[queue]
-    assert (poller.queue, poller.disabled_reason) == (queue, None)
+    definition = _definitions(env, db)[queue]
+    assert (definition.name, definition.disabled_reason) == (queue, None)
+    poller = make_poller(definition, db)
     fake_api.reply(500, {"error": "down"})
     insert(db, queue, name, args)
     # A post Slack may have made (its 500 says nothing) or the first try at a transient fault.
@@ -298,7 +299,7 @@ def test_a_path_traversal_in_args_fails_the_job_unsent(db, fake_api, sentry_even
     client = GitHubClient(TOKEN, base_url=fake_api.url, now=lambda: NOW)
     fake_api.reply(200, {"login": "token-owner", "email": "owner@example.com"})  # what GET /user answers
     job_id = insert(db, "github", "github.FetchRepo", args)
-    result = github.make_worker(db, client).work_once()
+    result = make_poller(github.make_worker(db, client), db).work_once()
     assert result.startswith("fail: "), result
     assert "not a GitHub" in result
     assert fake_api.received == []

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from conftest import NOW, TOKEN
 from gevent.event import Event
+from tests_support import make_poller
 
 from lib.clients import AnthropicClient, GitHubClient, Outcome, RateLimitError
 from lib.clients import anthropic as anthropic_module
@@ -171,12 +172,12 @@ STOPPED = _stopped()
 
 def _github(db: Any, fake_api: Any) -> Any:
     client = GitHubClient(TOKEN, base_url=fake_api.url, now=lambda: NOW)
-    return github.make_worker(db, client, now=lambda: NOW)
+    return make_poller(github.make_worker(db, client, now=lambda: NOW), db)
 
 
 def _anthropic(db: Any, fake_api: Any, **kwargs: Any) -> Any:
     client = AnthropicClient(TOKEN, base_url=fake_api.url, now=lambda: NOW, **kwargs)
-    return anthropic.make_worker(db, client, now=lambda: NOW)
+    return make_poller(anthropic.make_worker(db, client, now=lambda: NOW), db)
 
 
 def test_github_502_is_retried_counted_and_reported_once_per_run(
@@ -279,7 +280,7 @@ def test_anthropic_message_refused_at_connect_is_retried(db: Any, clean: None, s
         port = sock.getsockname()[1]  # closed when the block ends: nothing listens
     client = AnthropicClient(TOKEN, base_url=f"http://127.0.0.1:{port}", now=lambda: NOW)
     insert(db, "anthropic", "anthropic.Ask", {"key": "k", "prompt": "p"})
-    result = anthropic.make_worker(db, client, now=lambda: NOW).work_once(stop=STOPPED)
+    result = make_poller(anthropic.make_worker(db, client, now=lambda: NOW), db).work_once(stop=STOPPED)
     assert result.startswith("skip: transient fault (try 1 of 5)"), result
     assert "ConnectionError" in result
 
@@ -312,9 +313,9 @@ def test_anthropic_reads_for_ten_minutes_bounded_by_the_job_timeout(db: Any) -> 
     assert GitHubClient(TOKEN).timeout == (5.0, 30.0)
 
 
-def _client_of(poller: Any) -> Any:
+def _client_of(queue: Any) -> Any:
     """The client the queue's handler calls, from the handler's closure."""
-    [handler] = poller.dispatch.values()
+    [handler] = queue.dispatch.values()
     return inspect.getclosurevars(handler).nonlocals["policy"].client
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from conftest import NOW
 from gevent.event import Event
+from tests_support import make_poller
 
 from lib.clients import AnthropicClient, ApolloClient, GitHubClient, SlackClient
 from lib.insert import insert
@@ -122,8 +123,9 @@ def test_the_token_goes_only_to_its_api_in_its_header(
     [token] = settings.secrets()
     base_url = next(getattr(settings, f) for f, env in ENV.items() if env == base_var)
     # One try at a transient fault: the 500 is the job's last, an err.
-    worker = module.make_worker(db, token=token, base_url=base_url, now=lambda: NOW, transient_attempts=1)
-    assert worker.disabled_reason is None
+    queue = module.make_worker(db, token=token, base_url=base_url, now=lambda: NOW, transient_attempts=1)
+    assert queue.disabled_reason is None
+    worker = make_poller(queue, db)
     fake_api.reply(200, ok_body)
     fake_api.reply(500, {"message": f"boom, your token {SECRET} broke us", "error": f"token {SECRET}"})
     fake_api.reply(401, {"message": f"invalid credential {SECRET}", "error": f"invalid {SECRET}"})

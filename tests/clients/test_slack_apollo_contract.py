@@ -14,7 +14,7 @@ import gevent
 import pytest
 from conftest import NOW, TOKEN
 from gevent.event import Event
-from tests_support import paused
+from tests_support import make_poller, paused
 
 from lib.clients import ApolloClient, Outcome, SlackClient
 from lib.clients import slack as slack_client
@@ -44,9 +44,9 @@ def clean(db: Any) -> None:
     db.exec("TRUNCATE job_queues, apollo_organizations, slack_posts")
 
 
-def _slack_worker(db: Any, base_url: str, **options: Any) -> Any:
+def _slack_worker(db: Any, base_url: str, runtime: Any = None, **options: Any) -> Any:
     client = SlackClient(TOKEN, base_url=base_url, now=lambda: NOW, timeout=(2.0, 1.0))
-    return slack.make_worker(db, client, now=lambda: NOW, **options)
+    return make_poller(slack.make_worker(db, client, now=lambda: NOW, **options), db, runtime=runtime)
 
 
 def _job(db: Any, job_id: int) -> tuple[Any, ...]:
@@ -341,9 +341,9 @@ def test_a_refused_connection_is_retried(db: Any, sentry_events: list) -> None:
     assert _job(db, job_id)[0] == "pending"
 
 
-def _apollo_worker(db: Any, base_url: str, **options: Any) -> Any:
+def _apollo_worker(db: Any, base_url: str, runtime: Any = None, **options: Any) -> Any:
     client = ApolloClient(TOKEN, base_url=base_url + "/api/v1", now=lambda: NOW, timeout=(2.0, 1.0))
-    return apollo.make_worker(db, client, now=lambda: NOW, **options)
+    return make_poller(apollo.make_worker(db, client, now=lambda: NOW, **options), db, runtime=runtime)
 
 
 def test_apollo_24_hour_window_header_holds_the_job_for_a_day(db: Any, fake_api: Any, sentry_events: list) -> None:

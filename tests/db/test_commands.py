@@ -26,6 +26,7 @@ from lib.operate import commands, overview, tables
 from lib.operate.cli import make_parser
 from lib.operate.queue_state import pause
 from lib.operate.registry_check import handled
+from lib.operate.setup_check import defined
 from lib.setup import embedded
 from lib.setup.dsn import masked_dsn
 from lib.setup.settings import Settings
@@ -65,7 +66,7 @@ def _lines(text: str) -> list[list[str]]:
 
 def test_status_on_an_empty_table_lists_every_registered_queue_with_zeros(db, cli):
     # From the registry itself, so a queue a user adds does not break the test.
-    registered = sorted(handled(REGISTRY, []))
+    registered = sorted(handled(defined(REGISTRY, db), []))
     assert {"caches", "github", "maintenance"} <= set(registered)
     n = len(registered)
     code, out, err = cli("status")

@@ -5,12 +5,11 @@ import time
 
 import gevent
 import pytest
-from tests_support import updates_held, wait_for, waiting_on
+from tests_support import make_poller, updates_held, wait_for, waiting_on
 
 from lib.greenlets.deadline import Deadline, Expired
 from lib.insert import insert
 from lib.run.outcome import Outcome
-from lib.run.poller import Poller
 from lib.store.db import NoReply
 from lib.store.group_commit import Committer
 
@@ -95,7 +94,7 @@ def test_a_round_trip_past_the_committers_deadline_has_no_reply_and_the_next_one
     committer's deadline: NoReply, with the server process that ran it noted
     for settling; the connection is not used again, and the next batch gets
     the deadline's full time."""
-    poller = Poller("late", db, {"late.N": lambda job: "ok"})
+    poller = make_poller("late", db, {"late.N": lambda job: "ok"})
     insert(db, "late", "late.N")
     job = poller.claim()
     assert job is not None

@@ -2,19 +2,18 @@ from datetime import UTC, datetime, timedelta
 
 import psycopg2.errors
 import pytest
-from tests_support import count_jobs, paused, run_python
+from tests_support import count_jobs, make_poller, paused, run_python
 
 from lib.insert import Job, insert, insert_many
 from lib.operate.queue_state import pause, resume
-from lib.run.poller import Poller
 from lib.store.sql import Q
 
 
 @pytest.fixture
 def dedupe_q(db):
     db.exec("TRUNCATE job_dedupe_names, job_queues")
-    poller = Poller("d", db, {"d.Once": lambda job: "ok", "d.Many": lambda job: "ok"}, dedupe={"d.Once"})
-    db.exec(Q.dedupe_declare, {"queue": "d", "names": sorted(poller.dedupe)})
+    poller = make_poller("d", db, {"d.Once": lambda job: "ok", "d.Many": lambda job: "ok"}, dedupe={"d.Once"})
+    db.exec(Q.dedupe_declare, {"queue": "d", "names": sorted(poller.definition.dedupe)})
     return poller
 
 
@@ -103,15 +102,18 @@ def test_insert_reads_dedupe_without_a_call_per_row(db, dedupe_q):
 
 def test_dedupe_must_name_handled_jobs(db):
     with pytest.raises(ValueError, match="does not handle"):
-        Poller("d", db, {"d.A": lambda job: "ok"}, dedupe={"d.B"})
+        make_poller("d", db, {"d.A": lambda job: "ok"}, dedupe={"d.B"})
 
 
 _THROTTLED_WORKER = """
 from gevent.event import Event
 from lib.store.db import DB
 from lib.run.poller import Poller
+from lib.run.queue import Queue
+from lib.run.runtime import Runtime
 db = DB.connect({url!r}, size=2)
-poller = Poller("t", db, {{"t.N": lambda job: "ok"}}, throttle=lambda status, error, elapsed: 30.0)
+queue = Queue("t", {{"t.N": lambda job: "ok"}}, throttle=lambda status, error, elapsed: 30.0)
+poller = Poller(queue, db, Runtime.alone(db))
 # Stopping: this process does not sit the pause out itself; the queue's other workers must.
 stopping = Event()
 stopping.set()
@@ -129,7 +131,7 @@ def test_throttle_holds_for_the_queue_across_processes(db, database_url):
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"
     assert dict(db.query("SELECT id, status FROM jobs")) == {first: "ok", second: "pending"}
-    other = Poller("t", db, {"t.N": lambda job: "ok"})
+    other = make_poller("t", db, {"t.N": lambda job: "ok"})
     job, wait = other.claimer.claim(None, 0)
     assert job is None and 0 < wait <= 30
     assert count_jobs(db, "status = 'pending'") == 1
@@ -141,13 +143,13 @@ def test_throttle_holds_for_the_queue_across_processes(db, database_url):
 def test_no_throttle_writes_no_gate(db):
     db.exec("TRUNCATE job_queues")
     insert(db, "n", "n.N")
-    Poller("n", db, {"n.N": lambda job: "ok"}).work_once()
+    make_poller("n", db, {"n.N": lambda job: "ok"}).work_once()
     assert db.query("SELECT * FROM job_queues") == []
 
 
 def test_pause_and_resume_for_every_worker(db):
     db.exec("TRUNCATE job_queues")
-    poller = Poller("p", db, {"p.N": lambda job: "ok"})
+    poller = make_poller("p", db, {"p.N": lambda job: "ok"})
     insert(db, "p", "p.N")
     pause(db, "p", "vendor maintenance")
     assert poller.work_once() is None
@@ -159,7 +161,7 @@ def test_pause_and_resume_for_every_worker(db):
 
 def test_pause_with_an_end_time_ends_by_itself(db):
     db.exec("TRUNCATE job_queues")
-    poller = Poller("p", db, {"p.N": lambda job: "ok"})
+    poller = make_poller("p", db, {"p.N": lambda job: "ok"})
     insert(db, "p", "p.N")
     pause(db, "p", "brief", until=datetime.now(UTC) + timedelta(hours=1))
     job, wait = poller.claimer.claim(None, 0)
@@ -178,7 +180,7 @@ def test_resume_by_prefix_leaves_other_pauses(db):
 
 
 def test_idle_poller_learns_when_its_next_delayed_job_is_due(db):
-    poller = Poller("r", db, {"r.N": lambda job: "ok"})
+    poller = make_poller("r", db, {"r.N": lambda job: "ok"})
     insert(db, "r", "r.N", run_at=datetime.now(UTC) + timedelta(seconds=90))
     job, wait = poller.claimer.claim(None, 0)
     assert job is None and 80 < wait <= 90

@@ -17,25 +17,25 @@ from tests_support import ROOT, read_until, run_python, wait_for, waiting_on
 
 from lib.insert import insert
 from lib.operate.queue_state import pause, resume
-from lib.run.poller import Poller
+from lib.run.queue import Queue
 from lib.store.db import DB
 from lib.store.migrate import migrate, migrations
 from lib.store.sql import Q
-from worker import _start_pollers
+from worker import _queues_to_run
 
-# A process that declares what its Poller of queue dd lists, the way a worker
+# A process that declares what its queue dd lists, the way a worker
 # does at start, and exits.
 DECLARE = """
 import os
 
 import worker
 from lib.store.db import DB
-from lib.run.poller import Poller
+from lib.run.queue import Queue
 
 names = set(os.environ["DEDUPE_NAMES"].split(","))
 db = DB.connect(os.environ["DATABASE_URL"], size=1)
 handlers = {"dd.A": lambda job: "ok", "dd.B": lambda job: "ok"}
-worker._start_pollers(db, [lambda db: Poller("dd", db, handlers, dedupe=names)])
+worker._queues_to_run(db, [lambda db: Queue("dd", handlers, dedupe=names)])
 db.close()
 """
 
@@ -43,10 +43,10 @@ DEDUPE_WORKER = ROOT / "tests" / "apps" / "dedupe_worker.py"
 
 
 def declare(db: DB, names: set[str]) -> None:
-    """What a worker does at start for a queue dd whose Poller lists names,
+    """What a worker does at start for a queue dd whose definition lists names,
     and then while it runs until the declaration is done."""
     handlers = {name: lambda job: "ok" for name in ("dd.A", "dd.B", "dd.C")}
-    _, _, waiting = _start_pollers(db, [lambda db: Poller("dd", db, handlers, dedupe=names)])
+    _, _, waiting = _queues_to_run(db, [lambda db: Queue("dd", handlers, dedupe=names)])
     waiting.until_done(Event())
 
 

@@ -1,6 +1,7 @@
 """Group commit, batched claims, the throttle across processes, and a pool as
 small as the work. A process is stood for by a pool of its own: each pool has
-its own committer, as each worker process has."""
+its own runtime (Runtime.alone), so its own committer, as each worker
+process has."""
 
 import itertools
 import time
@@ -10,13 +11,13 @@ import gevent
 import psycopg2
 import pytest
 from gevent.event import Event
-from tests_support import count_jobs, poll_until, updates_held, wait_for, waiting_on
+from tests_support import count_jobs, make_poller, poll_until, updates_held, wait_for, waiting_on
 
 import lib.greenlets.standby
 import worker
 from lib.insert import insert
 from lib.run.outcome import Outcome
-from lib.run.poller import Poller
+from lib.run.queue import Queue
 from lib.run.runtime import Runtime
 from lib.setup.settings import Settings
 from lib.store.binding import array_literal
@@ -40,8 +41,8 @@ def test_a_throttling_outcome_in_flight_holds_back_another_process_claim(db, oth
     """The two-connection interleaving: A's outcome (throttle 0.5 s) is written
     but not committed; B claims meanwhile, A commits, B claims again. B never
     starts the next job before A's outcome plus the throttle."""
-    a = Poller("t", db, {"t.N": lambda job: "ok"}, runtime=Runtime.alone(db, worker_id="a"))
-    b = Poller("t", other, {"t.N": lambda job: "ok"}, runtime=Runtime.alone(other, worker_id="b"))
+    a = make_poller("t", db, {"t.N": lambda job: "ok"}, runtime=Runtime.alone(db, worker_id="a"))
+    b = make_poller("t", other, {"t.N": lambda job: "ok"}, runtime=Runtime.alone(other, worker_id="b"))
     first, second = insert(db, "t", "t.N"), insert(db, "t", "t.N")
     job = a.claim()
     assert job.id == first
@@ -85,7 +86,7 @@ def test_the_throttle_holds_across_three_processes(db, database_url):
 
     try:
         pollers = [
-            Poller(
+            make_poller(
                 "t3",
                 pool,
                 {"t3.N": handler_of(n)},
@@ -121,13 +122,13 @@ def test_the_throttle_holds_across_three_processes(db, database_url):
     assert set(ran) == {0, 1, 2}  # every process ran jobs of the queue
 
 
-def test_forty_queues_share_their_round_trips(db):
-    pollers = [Poller(f"g{n:02}", db, {"g.N": lambda job: "ok"}) for n in range(40)]
+def test_forty_queues_share_their_round_trips(db, runtime):
+    pollers = [make_poller(f"g{n:02}", db, {"g.N": lambda job: "ok"}, runtime=runtime) for n in range(40)]
     for n in range(40):
         for _ in range(10):
             insert(db, f"g{n:02}", "g.N")
     commit = pollers[0].completer
-    assert all(p.completer is commit for p in pollers)  # one committer per pool: per process
+    assert all(p.completer is commit for p in pollers)  # one committer per runtime: per process
     before_batches, before_asks = commit.batches, commit.asks
     poll_until(pollers, lambda: count_jobs(db, "status = 'ok'") == 400)
     batches, asks = commit.batches - before_batches, commit.asks - before_asks
@@ -139,7 +140,9 @@ def test_forty_queues_share_their_round_trips(db):
 
 def test_a_queue_with_free_slots_claims_them_in_one_statement(db):
     started = []
-    poller = Poller("c4", db, {"c4.N": lambda job: started.append(job.id) or gevent.sleep(0.2) or "ok"}, concurrency=4)
+    poller = make_poller(
+        "c4", db, {"c4.N": lambda job: started.append(job.id) or gevent.sleep(0.2) or "ok"}, concurrency=4
+    )
     ids = [insert(db, "c4", "c4.N") for _ in range(4)]
     poll_until([poller], lambda: count_jobs(db, "status = 'ok'") == 4)
     assert sorted(started) == ids
@@ -158,8 +161,8 @@ def test_the_database_holds_a_queue_to_its_concurrency_across_processes(db, othe
         live["n"] -= 1
         return "ok"
 
-    a = Poller("c2", db, {"c2.N": handler}, concurrency=2, runtime=Runtime.alone(db, worker_id="a"))
-    b = Poller("c2", other, {"c2.N": handler}, concurrency=2, runtime=Runtime.alone(other, worker_id="b"))
+    a = make_poller("c2", db, {"c2.N": handler}, concurrency=2, runtime=Runtime.alone(db, worker_id="a"))
+    b = make_poller("c2", other, {"c2.N": handler}, concurrency=2, runtime=Runtime.alone(other, worker_id="b"))
     for _ in range(30):
         insert(db, "c2", "c2.N")
 
@@ -173,7 +176,7 @@ def test_the_database_holds_a_queue_to_its_concurrency_across_processes(db, othe
 
 
 def test_a_held_head_row_is_never_passed_over(db, database_url):
-    poller = Poller("f", db, {"f.N": lambda job: "ok"})
+    poller = make_poller("f", db, {"f.N": lambda job: "ok"})
     head, second = insert(db, "f", "f.N"), insert(db, "f", "f.N")
     conn = psycopg2.connect(database_url)
     try:
@@ -201,6 +204,7 @@ def test_idle_connections_close(database_url):
 
 def test_handlers_holding_every_connection_do_not_hold_up_outcomes(db, database_url):
     pool = DB(database_url, size=1, checkout_timeout=5)
+    runtime = Runtime.alone(pool)
     release = Event()
 
     def holding(job):
@@ -208,8 +212,8 @@ def test_handlers_holding_every_connection_do_not_hold_up_outcomes(db, database_
             release.wait()
         return "ok"
 
-    hold = Poller("hold", pool, {"hold.N": holding})
-    quick = Poller("quick", pool, {"quick.N": lambda job: "ok"})
+    hold = make_poller("hold", pool, {"hold.N": holding}, runtime=runtime)
+    quick = make_poller("quick", pool, {"quick.N": lambda job: "ok"}, runtime=runtime)
     insert(db, "hold", "hold.N")
     stop = Event()
     greenlets = [gevent.spawn(hold.poll, stop)]
@@ -234,7 +238,7 @@ def test_handlers_holding_every_connection_do_not_hold_up_outcomes(db, database_
 
 def test_an_idle_forty_queue_worker_holds_at_most_three_connections(db, database_url):
     pool = DB(database_url, size=44, idle_timeout=0.5, application_name="jobs-worker-test")
-    registry = [lambda d, n=n: Poller(f"i{n:02}", d, {"i.N": lambda job: "ok"}) for n in range(40)]
+    registry = [lambda d, n=n: Queue(f"i{n:02}", {"i.N": lambda job: "ok"}) for n in range(40)]
     for n in range(40):
         insert(db, f"i{n:02}", "i.N")
     stop = Event()
@@ -255,7 +259,7 @@ def test_an_idle_forty_queue_worker_holds_at_most_three_connections(db, database
 
 
 def test_a_fault_in_the_committer_reaches_its_asks_and_the_next_batch_goes_on(db, caplog):
-    poller = Poller("bug", db, {"bug.N": lambda job: "ok"})
+    poller = make_poller("bug", db, {"bug.N": lambda job: "ok"})
     insert(db, "bug", "bug.N")
     answer = poller.completer._round_trip
     poller.completer._round_trip = lambda asks: [("bug",)]  # a row the batch's answers cannot be read from
@@ -283,7 +287,7 @@ def test_a_serial_queue_sends_each_outcome_from_its_writer_without_the_sender(db
     """Batches of one ask each (a serial queue): a job's outcome, with the
     slot's next claim, goes from the greenlet that asked (the slot's writer),
     with no hop to the sender and back."""
-    poller = Poller("s", db, {"s.N": lambda job: "ok"})
+    poller = make_poller("s", db, {"s.N": lambda job: "ok"})
     for _ in range(20):
         insert(db, "s", "s.N")
     batches = calls_of(poller.completer, "_commit")
@@ -301,7 +305,7 @@ def test_a_lone_outcome_cut_off_in_its_greenlet_leaves_the_committer_sending(db,
     batch down with it: the ask hears so, and the ask queued behind it still
     goes, with no sender left from before to find it, and so does the next."""
     monkeypatch.setattr(lib.greenlets.standby, "LINGER", 0.05)
-    poller = Poller("cut", db, {"cut.N": lambda job: "ok"})
+    poller = make_poller("cut", db, {"cut.N": lambda job: "ok"})
     first = insert(db, "cut", "cut.N")
     job = poller.claim()
     assert job is not None and job.id == first
@@ -324,14 +328,14 @@ def test_a_lone_outcome_cut_off_in_its_greenlet_leaves_the_committer_sending(db,
             assert commit.send(None, poller.claimer.params(None, 0)).row is not None
 
 
-def test_asks_of_one_turn_go_together_from_a_sender_that_leaves_once_idle(db, monkeypatch):
+def test_asks_of_one_turn_go_together_from_a_sender_that_leaves_once_idle(db, runtime, monkeypatch):
     """Claims asked in the same turn of the hub (a queue's slots starting) go
     in one batch, sent by the sender; it waits a moment for the next batch
     instead of ending with each, and is gone once nothing has come for LINGER
     seconds. Once batches carry several asks, an outcome waits for the
     sender's turn too, so the outcomes of one turn go together."""
     monkeypatch.setattr(lib.greenlets.standby, "LINGER", 0.5)
-    pollers = [Poller(f"t{n}", db, {"t.N": lambda job: "ok"}) for n in range(3)]
+    pollers = [make_poller(f"t{n}", db, {"t.N": lambda job: "ok"}, runtime=runtime) for n in range(3)]
     for poller in pollers:
         insert(db, poller.queue, "t.N")
     batches = calls_of(pollers[0].completer, "_commit")
@@ -361,7 +365,7 @@ def test_a_slot_writes_its_outcomes_from_one_greenlet_that_ends_with_the_slot(db
     at the end of the shutdown window cannot cut it), the same one for every
     job of a busy slot; when the slot stops, it ends at once, not a linger later."""
     monkeypatch.setattr(lib.greenlets.standby, "LINGER", 30.0)
-    poller = Poller("w", db, {"w.N": lambda job: "ok"})
+    poller = make_poller("w", db, {"w.N": lambda job: "ok"})
     for _ in range(10):
         insert(db, "w", "w.N")
     writes = calls_of(poller.writer, "_write")
@@ -374,10 +378,10 @@ def test_a_slot_writes_its_outcomes_from_one_greenlet_that_ends_with_the_slot(db
     wait_for(lambda: writers[0].dead and len(poller.runtime.writers) == 0, timeout=2)
 
 
-def test_an_outcome_the_driver_cannot_send_fails_alone(db):
+def test_an_outcome_the_driver_cannot_send_fails_alone(db, runtime):
     """A NUL in one outcome's traceback: the driver refuses the whole batch's
     text; the batch goes again ask by ask, and only that outcome is replaced."""
-    pollers = [Poller(f"n{i}", db, {"n.N": lambda job: "ok"}) for i in range(3)]
+    pollers = [make_poller(f"n{i}", db, {"n.N": lambda job: "ok"}, runtime=runtime) for i in range(3)]
     jobs = []
     for poller in pollers:
         insert(db, poller.queue, "n.N")

@@ -13,7 +13,7 @@ from fractions import Fraction
 import gevent
 import pytest
 from gevent.event import Event
-from tests_support import ROOT, count_jobs, wait_for
+from tests_support import ROOT, count_jobs, make_poller, wait_for
 
 import lib.run.outcome
 from lib.insert import insert
@@ -90,7 +90,7 @@ def _returns_cut_emoji(job: PendingJob) -> str:
     ],
 )
 def test_an_outcome_that_cannot_be_printed_ends_readably_and_the_queue_goes_on(db, handler, status, in_traceback):
-    poller = Poller("q", db, {"q.Bad": handler, "q.Next": _ok})
+    poller = make_poller("q", db, {"q.Bad": handler, "q.Next": _ok})
     bad, after = insert(db, "q", "q.Bad"), insert(db, "q", "q.Next")
     _work_until(poller, lambda: count_jobs(db, UNFINISHED) == 0)
     rows = _rows(db)
@@ -106,7 +106,7 @@ def test_an_outcome_that_cannot_be_printed_ends_readably_and_the_queue_goes_on(d
 def test_a_fault_between_the_handler_and_the_write_still_ends_the_job(db, monkeypatch):
     """A bug in turning the handler's answer into an outcome: the job ends
     saying the worker could not record it, and the queue goes on."""
-    poller = Poller("q", db, {"q.N": _ok})
+    poller = make_poller("q", db, {"q.N": _ok})
 
     def broken(happened: object, attempts: int, max_attempts: int, *, retry_base: float) -> Outcome:
         raise RuntimeError("a bug in the outcome")
@@ -129,7 +129,7 @@ def test_a_fault_after_the_write_loses_neither_the_job_claimed_with_it_nor_the_s
         raise RuntimeError("a bug in counting")
 
     monkeypatch.setattr(counters, "job_done", broken)
-    poller = Poller("q", db, {"q.N": _ok})
+    poller = make_poller("q", db, {"q.N": _ok})
     ids = [insert(db, "q", "q.N") for _ in range(3)]
     _work_until(poller, lambda: count_jobs(db, UNFINISHED) == 0)
     assert [_rows(db)[i][0] for i in ids] == ["ok", "ok", "ok"]
@@ -147,7 +147,7 @@ def test_a_handler_that_catches_every_exception_in_a_loop_is_still_timed_out(db)
             except Exception:
                 pass
 
-    poller = Poller("q", db, {"q.Loop": retries_for_ever, "q.Next": _ok}, job_timeout=1)
+    poller = make_poller("q", db, {"q.Loop": retries_for_ever, "q.Next": _ok}, job_timeout=1)
     looping, after = insert(db, "q", "q.Loop"), insert(db, "q", "q.Next")
     began = time.monotonic()
     _work_until(poller, lambda: count_jobs(db, UNFINISHED) == 0, timeout=15)
@@ -169,7 +169,7 @@ def test_a_handler_that_swallows_the_timeout_and_goes_on_is_thrown_it_again(db):
         gevent.sleep(30)
         return "ok"
 
-    poller = Poller("q", db, {"q.GoesOn": goes_on}, job_timeout=1)
+    poller = make_poller("q", db, {"q.GoesOn": goes_on}, job_timeout=1)
     insert(db, "q", "q.GoesOn")
     with gevent.Timeout(15):
         assert poller.work_once() == "err: JobTimeout: timed out after 1s"
@@ -187,7 +187,9 @@ def test_a_handler_that_swallows_the_timeout_and_returns_is_recorded_as_timed_ou
             pass
         return "ok: as if nothing happened"
 
-    poller = Poller("q", db, {"q.Swallow": swallows, "q.Next": lambda job: gevent.sleep(1.2) or "ok"}, job_timeout=2)
+    poller = make_poller(
+        "q", db, {"q.Swallow": swallows, "q.Next": lambda job: gevent.sleep(1.2) or "ok"}, job_timeout=2
+    )
     swallowing, after = insert(db, "q", "q.Swallow"), insert(db, "q", "q.Next")
     _work_until(poller, lambda: count_jobs(db, UNFINISHED) == 0, timeout=20)
     rows = _rows(db)
@@ -214,7 +216,7 @@ def test_a_snooze_of_another_kind_of_number_is_a_float_and_stores_a_retry_that_f
     def snoozes(job: PendingJob) -> str:
         raise Snooze(seconds, st.RATE_LIMITED)
 
-    poller = Poller("q", db, {"q.S": snoozes})
+    poller = make_poller("q", db, {"q.S": snoozes})
     job_id = insert(db, "q", "q.S")
     job = poller.claim()
     assert poller.run(job) == st.RATE_LIMITED
@@ -241,7 +243,7 @@ def test_a_snooze_of_what_is_no_number_of_seconds_is_that_jobs_own_error(db, sec
     def snoozes(job: PendingJob) -> str:
         raise Snooze(seconds, st.RATE_LIMITED)
 
-    poller = Poller("q", db, {"q.S": snoozes, "q.Next": _ok})
+    poller = make_poller("q", db, {"q.S": snoozes, "q.Next": _ok})
     snoozing, after = insert(db, "q", "q.S"), insert(db, "q", "q.Next")
     assert poller.work_once() == status
     assert poller.work_once() == "ok"
@@ -262,7 +264,7 @@ def test_a_snooze_of_what_is_no_number_of_seconds_is_that_jobs_own_error(db, sec
     ],
 )
 def test_the_throttles_answer_is_a_plain_float_or_no_pause(db, answer, pause):
-    poller = Poller("q", db, {"q.N": _ok}, throttle=lambda status, error, elapsed: answer)
+    poller = make_poller("q", db, {"q.N": _ok}, throttle=lambda status, error, elapsed: answer)
     delay = throttle_pause(poller.throttle, poller.queue, Outcome("ok"), 0.0)
     assert type(delay) is float and delay == pause
 

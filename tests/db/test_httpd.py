@@ -21,7 +21,7 @@ from lib.http import metrics
 from lib.http.health import Health
 from lib.http.httpd import HttpServer, make_app
 from lib.insert import insert
-from lib.run.poller import Poller
+from lib.run.queue import Queue
 from lib.setup.parsers import http_addr
 from lib.setup.settings import SettingError, Settings
 from lib.store.db import DB
@@ -171,7 +171,7 @@ def test_worker_run_serves_until_the_end_of_the_shutdown_window(db):
     running = gevent.spawn(
         worker.run,
         db,
-        [lambda db_: Poller("web", db_, {"web.Slow": slow}, poll_interval=0.2)],
+        [lambda db_: Queue("web", {"web.Slow": slow}, poll_interval=0.2)],
         Settings(http_addr=("127.0.0.1", port), shutdown_window=30),
         stop=stop,
     )

@@ -5,10 +5,9 @@ from zoneinfo import ZoneInfo
 
 import psycopg2
 import pytest
-from tests_support import count_jobs, run_python
+from tests_support import count_jobs, make_poller, run_python
 
 from lib.insert import MAX_ARGS_BYTES, InvalidJob, Job, insert, insert_many
-from lib.run.poller import Poller
 from lib.store.sql import Q
 
 
@@ -21,18 +20,18 @@ def test_rolled_back_transaction_leaves_no_job(db, database_url):
     conn.rollback()
     conn.close()
     assert count_jobs(db) == 0
-    assert Poller("q", db, {"q.Run": lambda job: "ok"}).work_once() is None
+    assert make_poller("q", db, {"q.Run": lambda job: "ok"}).work_once() is None
 
 
 def test_committed_transaction_job_is_worked(db, database_url):
     conn = psycopg2.connect(database_url)
     job_id = insert(conn, "q", "q.Run", {"k": "k"})
     # Uncommitted: invisible to the worker.
-    assert Poller("q", db, {"q.Run": lambda job: "ok"}).work_once() is None
+    assert make_poller("q", db, {"q.Run": lambda job: "ok"}).work_once() is None
     conn.commit()
     conn.close()
     seen = []
-    assert Poller("q", db, {"q.Run": lambda job: seen.append(job.id) or "ok"}).work_once() == "ok"
+    assert make_poller("q", db, {"q.Run": lambda job: seen.append(job.id) or "ok"}).work_once() == "ok"
     assert seen == [job_id]
 
 
@@ -76,7 +75,7 @@ def test_plain_synchronous_process_enqueues(db, database_url, connect):
     job_id = int(done.stdout)
     rows = db.query("SELECT id, name, args, status FROM jobs")
     assert rows == [(job_id, "q.Plain", {"n": 3}, "pending")]  # the rolled-back two are gone
-    assert Poller("q", db, {"q.Plain": lambda job: "ok"}).work_once() == "ok"
+    assert make_poller("q", db, {"q.Plain": lambda job: "ok"}).work_once() == "ok"
 
 
 def test_callsite_is_relative_to_the_repo_root(db):

@@ -6,12 +6,11 @@ import time
 
 import gevent
 from gevent.event import Event
-from tests_support import wait_for
+from tests_support import make_poller, wait_for
 
 from lib.background import worker_registry
 from lib.background.leases import Leases, new_worker_id
 from lib.insert import insert
-from lib.run.poller import Poller
 from lib.run.runtime import Runtime
 
 
@@ -38,11 +37,11 @@ def test_a_job_is_fenced_once_its_lease_may_lapse_unrenewed(db):
 
 
 def test_a_renewal_moves_the_fence_and_a_row_rescued_elsewhere_is_not_renewed(db):
-    poller = Poller("q", db, {"q.N": lambda job: "ok"}, runtime=Runtime.alone(db, lease=30))
+    poller = make_poller("q", db, {"q.N": lambda job: "ok"}, runtime=Runtime.alone(db, lease=30))
     leases = poller.leases
     insert(db, "q", "q.N")
     insert(db, "q", "q.N")
-    mine, taken = poller.claim(), Poller("q", db, {"q.N": lambda job: "ok"}, concurrency=2).claim(slot=1)
+    mine, taken = poller.claim(), make_poller("q", db, {"q.N": lambda job: "ok"}, concurrency=2).claim(slot=1)
     leases.hold(mine.id, 0.0, lambda: None)
     leases.hold(taken.id, 0.0, lambda: None)  # held here, but started by another worker
     before = time.monotonic()
@@ -53,10 +52,10 @@ def test_a_renewal_moves_the_fence_and_a_row_rescued_elsewhere_is_not_renewed(db
 
 
 def test_the_rescue_spares_rows_its_worker_holds_even_past_their_lease(db):
-    poller = Poller("q", db, {"q.N": lambda job: "ok"})
+    poller = make_poller("q", db, {"q.N": lambda job: "ok"})
     held, lost = insert(db, "q", "q.N"), insert(db, "r", "r.N")
     job = poller.claim()
-    Poller("r", db, {"r.N": lambda job: "ok"}).claim()
+    make_poller("r", db, {"r.N": lambda job: "ok"}).claim()
     poller.leases.hold(job.id, time.monotonic(), lambda: None)
     db.exec("UPDATE jobs SET lease_until = now() - interval '1 minute'")
     assert [r[0] for r in poller.leases.rescue()] == [lost]
@@ -67,7 +66,7 @@ def test_the_rescue_spares_rows_its_worker_holds_even_past_their_lease(db):
 
 def test_a_rescued_job_keeps_its_place_in_the_queue(db):
     order = []
-    poller = Poller("q", db, {"q.N": lambda job: order.append(job.id) or "ok"})
+    poller = make_poller("q", db, {"q.N": lambda job: order.append(job.id) or "ok"})
     first = insert(db, "q", "q.N", max_attempts=2)
     poller.claim()
     later = [insert(db, "q", "q.N") for _ in range(3)]
@@ -88,7 +87,7 @@ def test_a_job_interrupted_by_shutdown_with_attempts_left_keeps_its_place(db):
         order.append(job.id)
         return "ok"
 
-    poller = Poller("q", db, {"q.N": handler})
+    poller = make_poller("q", db, {"q.N": handler})
     first = insert(db, "q", "q.N", max_attempts=2)
     later = insert(db, "q", "q.N")
     runner = gevent.spawn(poller.work_once)
@@ -113,7 +112,7 @@ def test_the_rescue_and_the_registry_refresh_commit_as_one_transaction(db):
     """One commit a rescue period for both: the rescued row and the worker's
     registry row carry the same writing transaction (xmin)."""
     lost = insert(db, "q", "q.N")
-    Poller("q", db, {"q.N": lambda job: "ok"}).claim()
+    make_poller("q", db, {"q.N": lambda job: "ok"}).claim()
     db.exec("UPDATE jobs SET lease_until = now() - interval '1 second'")
     leases = Leases(db)
     leases.seen = worker_registry.register(db, leases.worker_id, ["q"], leases.lease)

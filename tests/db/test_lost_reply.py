@@ -7,7 +7,7 @@ import psycopg2
 import pytest
 from gevent.event import Event
 from proxy import Proxy
-from tests_support import wait_for
+from tests_support import make_poller, wait_for
 
 import lib.run.write
 from lib.insert import insert
@@ -53,7 +53,7 @@ def test_the_next_job_claimed_with_an_outcome_whose_reply_was_lost_runs_here(db,
         return "ok"
 
     handlers = {"lost.Warm": lambda job: "ok", "lost.First": first, "lost.Next": lambda job: ran.append(job.id) or "ok"}
-    poller = Poller("lost", pool, handlers, runtime=Runtime.alone(pool, lease=LONG_LEASE))
+    poller = make_poller("lost", pool, handlers, runtime=Runtime.alone(pool, lease=LONG_LEASE))
     # The warm-up job's outcome prepares the statements on the connection, so
     # the reply dropped is the combined write's, not a PREPARE's.
     insert(db, "lost", "lost.Warm")
@@ -73,7 +73,9 @@ def test_a_job_whose_claim_reply_was_lost_runs_here(db, proxied):
     proxy, pool = proxied
     ran = []
     runtime = Runtime.alone(pool, lease=LONG_LEASE)
-    poller = Poller("lost", pool, {"lost.N": lambda job: ran.append(job.id) or "ok"}, poll_interval=60, runtime=runtime)
+    poller = make_poller(
+        "lost", pool, {"lost.N": lambda job: ran.append(job.id) or "ok"}, poll_interval=60, runtime=runtime
+    )
     stop, loop = _polling(poller)
     try:
         # The loop's first claim found nothing; it sleeps until woken.
@@ -96,7 +98,7 @@ def test_a_claim_that_timed_out_on_a_row_lock_is_ended_not_orphaned(db, database
     process first, writes the outcome alone, and later claims the row itself."""
     monkeypatch.setattr(lib.run.write, "FINALIZE_TIMEOUT", 1.0)
     ran = []
-    poller = Poller(
+    poller = make_poller(
         "locked", db, {"locked.N": lambda job: ran.append(job.id) or "ok"}, runtime=Runtime.alone(db, lease=LONG_LEASE)
     )
     a, b = insert(db, "locked", "locked.N"), insert(db, "locked", "locked.N")

@@ -13,7 +13,7 @@ from gevent.event import Event
 from http_support import serving
 from prometheus_client.parser import text_string_to_metric_families
 from proxy import Proxy
-from tests_support import wait_for
+from tests_support import make_poller, wait_for
 
 from lib.background.leases import Leases
 from lib.greenlets.supervise import Supervisor
@@ -24,7 +24,6 @@ from lib.insert import insert
 from lib.job import Snooze
 from lib.operate import overview
 from lib.operate.queue_state import pause
-from lib.run.poller import Poller
 from lib.store.db import DB, is_conn_failure
 from lib.store.sql import STATEMENTS, Q, statement
 from lib.store.wakeups import Listener
@@ -154,7 +153,7 @@ def test_this_processes_counters_follow_the_jobs_it_ran(db):
         "c.Err": _fails,
         "c.Snooze": _snoozes,
     }
-    poller = Poller("counted", db, handlers)
+    poller = make_poller("counted", db, handlers)
     registry = metrics.registry(db)
     with serving(make_app(Health(db), registry)) as base:
         before = scrape(base)

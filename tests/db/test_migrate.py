@@ -1,9 +1,9 @@
 from datetime import UTC, datetime
 
 import gevent
+from tests_support import make_poller
 
 from lib.background.leases import Leases
-from lib.run.poller import Poller
 from lib.store.db import DB
 from lib.store.migrate import migrate, migrations
 
@@ -80,7 +80,7 @@ def test_original_table_upgrades_in_place(empty_database):
     # The upgraded table works: the old pending rows run in order and a new
     # row continues the old id sequence.
     seen = []
-    poller = Poller("caches", db, {"caches.Age": lambda job: seen.append(job.id) or "ok"})
+    poller = make_poller("caches", db, {"caches.Age": lambda job: seen.append(job.id) or "ok"})
     assert poller.work_once() == "ok" and poller.work_once() == "ok"
     assert seen == [3, 4]
     from lib.insert import insert

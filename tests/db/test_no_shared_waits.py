@@ -16,13 +16,14 @@ import gevent
 import psycopg2
 import pytest
 from gevent import monkey
-from tests_support import wait_for, waiting_on
+from tests_support import make_poller, wait_for, waiting_on
 
 from lib.background.leases import Leases
 from lib.insert import MAX_NAME_CHARS, InvalidJob, insert
 from lib.job import status as st
 from lib.run.outcome import Outcome
 from lib.run.poller import Poller
+from lib.run.runtime import Runtime
 from lib.store.db import DB, Unsendable, deadline_connection
 
 # A native thread, as the lease renewal's (threading's is a greenlet once patched).
@@ -43,9 +44,11 @@ def row_held(database_url: str, job_id: int) -> Iterator[psycopg2.extensions.con
 
 
 def _claimed(db: DB, queues: list[str]) -> list[tuple[Poller, object]]:
+    """A job claimed on each queue, by pollers of one process (one runtime)."""
+    runtime = Runtime.alone(db)
     out = []
     for queue in queues:
-        poller = Poller(queue, db, {f"{queue}.N": lambda job: "ok"})
+        poller = make_poller(queue, db, {f"{queue}.N": lambda job: "ok"}, runtime=runtime)
         insert(db, queue, f"{queue}.N")
         job = poller.claim()
         assert job is not None
@@ -129,7 +132,7 @@ def test_a_lone_outcome_on_a_held_row_is_sent_again_until_the_row_is_free(db, da
     """One job's row is held past the job's end: its outcome is not written
     and waits on nothing; the worker sends it again until the transaction
     ends, then the row holds the outcome and the queue goes on."""
-    poller = Poller("q", db, {"q.N": lambda job: st.ok("done")})
+    poller = make_poller("q", db, {"q.N": lambda job: st.ok("done")})
     first, second = insert(db, "q", "q.N"), insert(db, "q", "q.N")
     job = poller.claim()
     assert job is not None and job.id == first

@@ -3,10 +3,9 @@ import logging
 import gevent
 from gevent.event import Event
 from proxy import Proxy
-from tests_support import count_jobs, read_until, start_worker, wait_for
+from tests_support import count_jobs, make_poller, read_until, start_worker, wait_for
 
 from lib.insert import insert
-from lib.run.poller import Poller
 from lib.run.runtime import Runtime
 from lib.setup.errors import Outage
 from lib.store.db import DB
@@ -27,7 +26,7 @@ def test_unreachable_database_is_one_event_for_the_whole_outage(database_url, db
     runtime = Runtime.alone(pool, outage=outage)
     done = []
     pollers = [
-        Poller(q, pool, {f"{q}.N": lambda job: done.append(job.id) or "ok"}, poll_interval=0.1, runtime=runtime)
+        make_poller(q, pool, {f"{q}.N": lambda job: done.append(job.id) or "ok"}, poll_interval=0.1, runtime=runtime)
         for q in ("a", "b", "c")
     ]
     stop = Event()

@@ -9,7 +9,7 @@ import gevent
 import psycopg2
 import pytest
 from gevent.event import Event
-from tests_support import Gate, count_jobs, poll_until, wait_for, waiting_on
+from tests_support import Gate, count_jobs, make_poller, poll_until, wait_for, waiting_on
 
 from lib.background.leases import Leases
 from lib.insert import insert
@@ -26,7 +26,7 @@ GATE = 7_100_001
 
 def test_fifo_within_a_queue(db):
     order = []
-    poller = Poller("q", db, {"q.N": lambda job: order.append(job.args["n"]) or "ok"}, poll_interval=0.1)
+    poller = make_poller("q", db, {"q.N": lambda job: order.append(job.args["n"]) or "ok"}, poll_interval=0.1)
     for n in range(30):
         insert(db, "q", "q.N", {"n": n})
     insert(db, "other", "other.N", {"n": -1})  # another queue's row is not this poller's
@@ -37,7 +37,7 @@ def test_fifo_within_a_queue(db):
 
 def test_priority_then_due_time_then_id(db):
     order = []
-    poller = Poller("q", db, {"q.N": lambda job: order.append(job.args["n"]) or "ok"})
+    poller = make_poller("q", db, {"q.N": lambda job: order.append(job.args["n"]) or "ok"})
     now = datetime.now(UTC)
     insert(db, "q", "q.N", {"n": "late"}, run_at=now - timedelta(seconds=1))
     insert(db, "q", "q.N", {"n": "early"}, run_at=now - timedelta(seconds=5))
@@ -61,7 +61,7 @@ def test_never_two_started_jobs_of_one_queue(db):
         intervals.append((begin, gevent.get_hub().loop.now(), started))
         return "ok"
 
-    pollers = [Poller("q", db, {"q.N": handler}, poll_interval=0.05) for _ in range(3)]
+    pollers = [make_poller("q", db, {"q.N": handler}, poll_interval=0.05) for _ in range(3)]
     for n in range(15):
         insert(db, "q", "q.N", {"n": n})
     stop = Event()
@@ -80,8 +80,8 @@ def test_never_two_started_jobs_of_one_queue(db):
 
 
 def test_claim_refused_while_the_queues_slot_is_taken(db):
-    first = Poller("q", db, {"q.N": lambda job: "ok"})
-    other = Poller("q", db, {"q.N": lambda job: "ok"})
+    first = make_poller("q", db, {"q.N": lambda job: "ok"})
+    other = make_poller("q", db, {"q.N": lambda job: "ok"})
     a, b = insert(db, "q", "q.N"), insert(db, "q", "q.N")
     assert first.claim().id == a
     assert other.claim() is None  # slot 0 of q is taken
@@ -99,7 +99,7 @@ def test_concurrency_two_runs_two_at_once(db):
         live.discard(job.id)
         return "ok"
 
-    poller = Poller("q", db, {"q.N": handler}, concurrency=2, poll_interval=0.05)
+    poller = make_poller("q", db, {"q.N": handler}, concurrency=2, poll_interval=0.05)
     for _ in range(10):
         insert(db, "q", "q.N")
     poll_until([poller], lambda: count_jobs(db, "status = 'ok'") == 10)
@@ -110,7 +110,7 @@ def test_handler_that_raises_is_an_err_status_and_one_report(db, sentry_events):
     def boom(job):
         raise ValueError("the vendor said no")
 
-    poller = Poller("q", db, {"q.Boom": boom})
+    poller = make_poller("q", db, {"q.Boom": boom})
     secret = uuid.uuid4().hex  # made at run time, so the source shown in a stack frame cannot hold it
     job_id = insert(db, "q", "q.Boom", {"secret": secret})
     assert poller.work_once() == "err: ValueError: the vendor said no"
@@ -124,7 +124,7 @@ def test_handler_that_raises_is_an_err_status_and_one_report(db, sentry_events):
 
 
 def test_handler_that_hangs_is_timed_out(db, sentry_events):
-    poller = Poller("q", db, {"q.Hang": lambda job: gevent.sleep(60) or "ok"}, job_timeout=0.2)
+    poller = make_poller("q", db, {"q.Hang": lambda job: gevent.sleep(60) or "ok"}, job_timeout=0.2)
     job_id = insert(db, "q", "q.Hang")
     with gevent.Timeout(10):
         result = poller.work_once()
@@ -148,7 +148,7 @@ def test_each_job_of_a_slot_gets_its_own_full_timeout(db):
             gevent.sleep(0.3)
         return "ok"
 
-    poller = Poller("q", db, {"q.T": handler}, job_timeout=0.5)
+    poller = make_poller("q", db, {"q.T": handler}, job_timeout=0.5)
     modes = ["close", "close", "hang", "quick", "hang", "close"]
     ids = [insert(db, "q", "q.T", {"i": i, "mode": mode}) for i, mode in enumerate(modes)]
     with gevent.Timeout(20):
@@ -170,7 +170,7 @@ def test_each_job_of_a_slot_gets_its_own_full_timeout(db):
     ],
 )
 def test_handler_that_returns_a_bad_value(db, sentry_events, returned, expected):
-    poller = Poller("q", db, {"q.Bad": lambda job: returned})
+    poller = make_poller("q", db, {"q.Bad": lambda job: returned})
     insert(db, "q", "q.Bad")
     assert poller.work_once() == expected
     assert len(sentry_events) == 1
@@ -184,7 +184,7 @@ def test_unknown_job_and_bad_args_are_errors_that_harm_nothing_else(db):
     def handler(job):
         return st.ok(unmarshal_args(Args, job.args).login)
 
-    poller = Poller("q", db, {"q.Known": handler})
+    poller = make_poller("q", db, {"q.Known": handler})
     insert(db, "q", "q.Unknown")
     insert(db, "q", "q.Known", {"login": 7})
     insert(db, "q", "q.Known", {"login": "ada"})
@@ -219,7 +219,7 @@ def test_a_failed_job_with_attempts_left_is_retried_later(db):
         calls.append(job.attempts)
         raise RuntimeError(f"attempt {job.attempts}")
 
-    poller = Poller("q", db, {"q.Flaky": flaky}, max_attempts=2)
+    poller = make_poller("q", db, {"q.Flaky": flaky}, max_attempts=2)
     job_id = insert(db, "q", "q.Flaky")
     assert poller.work_once() == "err: RuntimeError: attempt 1"
     row = db.query_row(
@@ -256,7 +256,7 @@ def test_finalize_survives_its_connection_being_killed(database_url, db, caplog)
         killed.extend(db.query("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS pid", (pids,)))
         gate.open()  # the second run may pass
 
-    poller = Poller("q", pool, {"q.N": lambda job: st.ok("survived")})
+    poller = make_poller("q", pool, {"q.N": lambda job: st.ok("survived")})
     job_id = insert(db, "q", "q.N")
     try:
         with Gate(database_url, GATE) as gate, caplog.at_level(logging.WARNING, logger="jobs"), gevent.Timeout(20):
@@ -291,7 +291,7 @@ def test_finalize_that_keeps_failing_is_tried_for_a_lease_past_its_own_then_left
     )
     db.exec("CREATE TRIGGER doomed_finalize BEFORE UPDATE ON jobs FOR EACH ROW EXECUTE FUNCTION doomed_finalize()")
     # Nothing renews it here: the lease holds for 1 s from the claim, fenced 0.1 s early.
-    poller = Poller("q", db, {"q.N": lambda job: st.ok("doomed")}, runtime=Runtime.alone(db, lease=1.0))
+    poller = make_poller("q", db, {"q.N": lambda job: st.ok("doomed")}, runtime=Runtime.alone(db, lease=1.0))
     poller.leases.margin = 0.1
     job_id = insert(db, "q", "q.N")
     try:
@@ -322,7 +322,7 @@ def test_finalize_that_keeps_failing_is_tried_for_a_lease_past_its_own_then_left
 def test_an_outcome_for_a_row_rescued_meanwhile_is_dropped(db):
     """The lease ran out while the job ran (its heartbeat was cut off) and the
     rescue took the row back: the late outcome must not overwrite the rescue's."""
-    poller = Poller("q", db, {"q.N": lambda job: "ok"})
+    poller = make_poller("q", db, {"q.N": lambda job: "ok"})
     job_id = insert(db, "q", "q.N")
     job = poller.claim()
     db.exec("UPDATE jobs SET lease_until = now() - interval '1 second' WHERE id = %s", (job_id,))
@@ -335,7 +335,7 @@ def test_rescue_takes_expired_leases_only(db):
     live, dead, retry = insert(db, "q", "q.N"), insert(db, "r", "r.N"), insert(db, "s", "s.N", max_attempts=3)
     waiting = insert(db, "t", "t.N")
     for queue in ("q", "r", "s"):
-        Poller(queue, db, {f"{queue}.N": lambda job: "ok"}).claim()
+        make_poller(queue, db, {f"{queue}.N": lambda job: "ok"}).claim()
     db.exec("UPDATE jobs SET lease_until = now() - interval '1 second' WHERE id IN (%s, %s)", (dead, retry))
     # A lease with little left is still a lease: its worker renews it in time.
     db.exec("UPDATE jobs SET lease_until = now() + interval '2 seconds' WHERE id = %s", (live,))
@@ -347,7 +347,7 @@ def test_rescue_takes_expired_leases_only(db):
 
 
 def test_heartbeat_renews_only_running_jobs(db):
-    poller = Poller("q", db, {"q.N": lambda job: "ok"}, runtime=Runtime.alone(db, lease=120))
+    poller = make_poller("q", db, {"q.N": lambda job: "ok"}, runtime=Runtime.alone(db, lease=120))
     insert(db, "q", "q.N")
     job = poller.claim()
     db.exec("UPDATE jobs SET lease_until = now() + interval '1 second'")
@@ -369,7 +369,7 @@ def test_throttle_gets_the_outcome_and_pauses_the_queue(db):
             raise KeyError("x")
         return "ok"
 
-    poller = Poller("q", db, {"q.N": handler}, throttle=throttle)
+    poller = make_poller("q", db, {"q.N": handler}, throttle=throttle)
     insert(db, "q", "q.N")
     insert(db, "q", "q.N", {"fail": True})
     started = gevent.get_hub().loop.now()
@@ -381,7 +381,7 @@ def test_throttle_gets_the_outcome_and_pauses_the_queue(db):
 
 
 def test_a_throttle_that_raises_does_not_stop_the_queue(db, sentry_events):
-    poller = Poller("q", db, {"q.N": lambda job: "ok"}, throttle=lambda s, e, t: 1 / 0)
+    poller = make_poller("q", db, {"q.N": lambda job: "ok"}, throttle=lambda s, e, t: 1 / 0)
     insert(db, "q", "q.N")
     insert(db, "q", "q.N")
     assert poller.work_once() == "ok" and poller.work_once() == "ok"
@@ -394,9 +394,9 @@ def test_a_throttle_that_raises_does_not_stop_the_queue(db, sentry_events):
 )
 def test_bad_configuration_fails_at_construction(db, kwargs):
     with pytest.raises(ValueError):
-        Poller("q", db, {"q.N": lambda job: "ok"}, **kwargs)
+        make_poller("q", db, {"q.N": lambda job: "ok"}, **kwargs)
     with pytest.raises(ValueError):
-        Poller("q", db, {})
+        make_poller("q", db, {})
 
 
 def _noting_cursor(sent: list) -> type:
@@ -431,7 +431,7 @@ def test_outcome_and_next_claim_go_in_one_round_trip(database_url, db):
     with pool.connection() as conn:
         conn.cursor_factory = noting
     order = []
-    poller = Poller("q", pool, {"q.N": lambda job: order.append(job.id) or "ok"}, poll_interval=60)
+    poller = make_poller("q", pool, {"q.N": lambda job: order.append(job.id) or "ok"}, poll_interval=60)
     try:
         # Done when the last outcome is committed; the poller then idles with nothing sent.
         poll_until([poller], lambda: count_jobs(db, "status = 'ok'") == n)
@@ -453,7 +453,7 @@ def test_outcome_and_next_claim_go_in_one_round_trip(database_url, db):
 
 
 def test_when_the_claim_sent_with_an_outcome_fails_the_outcome_is_written_alone(db):
-    poller = Poller("q", db, {"q.N": lambda job: "ok"})
+    poller = make_poller("q", db, {"q.N": lambda job: "ok"})
     first, second = insert(db, "q", "q.N"), insert(db, "q", "q.N")
     job = poller.claim()
     # A lease the server cannot add to now(): the claim half fails with a real
@@ -465,7 +465,7 @@ def test_when_the_claim_sent_with_an_outcome_fails_the_outcome_is_written_alone(
 
 
 def test_a_claimed_job_that_never_ran_is_given_back(db):
-    poller = Poller("q", db, {"q.N": lambda job: "ok"}, max_attempts=2)
+    poller = make_poller("q", db, {"q.N": lambda job: "ok"}, max_attempts=2)
     job_id = insert(db, "q", "q.N")
     job = poller.claim()
     poller.releaser.release(job)
@@ -491,8 +491,8 @@ def test_racing_claimers_keep_fifo(db, database_url):
     try:
         head, second = insert(db, "q", "q.N"), insert(db, "q", "q.N")
         other = DB(database_url, size=2)
-        a = Poller("q", db, {"q.N": lambda job: "ok"}, runtime=Runtime.alone(db, worker_id="a"))
-        b = Poller("q", other, {"q.N": lambda job: "ok"}, runtime=Runtime.alone(other, worker_id="b"))
+        a = make_poller("q", db, {"q.N": lambda job: "ok"}, runtime=Runtime.alone(db, worker_id="a"))
+        b = make_poller("q", other, {"q.N": lambda job: "ok"}, runtime=Runtime.alone(other, worker_id="b"))
         with Gate(database_url, GATE) as gate, gevent.Timeout(20):
             claiming_a = gevent.spawn(a.claim)
             # a waits at the gate inside its update: it holds the head's row lock now.
@@ -510,7 +510,9 @@ def test_racing_claimers_keep_fifo(db, database_url):
 def test_a_job_longer_than_its_lease_is_never_rescued_while_it_runs(db):
     """Lease 3 s, job 4.5 s: the heartbeat renews it, another process's rescue
     passes it over, and the outcome is written."""
-    poller = Poller("long", db, {"long.N": lambda job: gevent.sleep(4.5) or "ok"}, runtime=Runtime.alone(db, lease=3.0))
+    poller = make_poller(
+        "long", db, {"long.N": lambda job: gevent.sleep(4.5) or "ok"}, runtime=Runtime.alone(db, lease=3.0)
+    )
     mine = poller.leases
     elsewhere = Leases(db, worker_id="another-process")
     job_id = insert(db, "long", "long.N")
@@ -554,7 +556,7 @@ def test_a_lone_job_costs_two_round_trips(database_url, db):
     # The fallback polls of all queues fall on the monotonic clock's multiples
     # of poll_interval: at 60 s, one of them landed within this test's second
     # about once in a hundred runs, and claimed again. At a day, practically never.
-    poller = Poller("lone", pool, {"lone.N": lambda job: "ok"}, poll_interval=86400)
+    poller = make_poller("lone", pool, {"lone.N": lambda job: "ok"}, poll_interval=86400)
     sent = record_batches(poller)
     stop = Event()
     g = gevent.spawn(poller.poll, stop)

@@ -4,7 +4,7 @@ from datetime import UTC, datetime, timedelta
 import gevent
 import psycopg2
 from factory import ago, make_job
-from tests_support import count_jobs
+from tests_support import count_jobs, make_poller
 
 from lib.insert import insert
 from lib.run.poller import Poller
@@ -30,7 +30,7 @@ def test_retention_deletes_old_finished_rows_only(db):
 
 def test_retention_runs_as_a_job_of_the_maintenance_queue(db):
     insert(db, "maintenance", "maintenance.CleanUpJobs")
-    assert maintenance.make_worker(db).work_once() == "skip: nothing old enough"
+    assert make_poller(maintenance.make_worker(db), db).work_once() == "skip: nothing old enough"
 
 
 def test_the_registry_gives_maintenance_the_retention_of_the_settings(db):
@@ -41,7 +41,7 @@ def test_the_registry_gives_maintenance_the_retention_of_the_settings(db):
     def clean_up_with(env: dict[str, str]) -> str:
         [make] = [m for m in registry(Settings.from_env(env)) if m.__module__ == "queues.maintenance"]
         insert(db, "maintenance", "maintenance.CleanUpJobs")
-        return make(db).work_once()
+        return make_poller(make(db), db).work_once()
 
     assert clean_up_with({}) == "skip: nothing old enough"
     assert clean_up_with({"JOBS_RETENTION_DAYS": "2"}) == "ok: deleted 1"
@@ -53,7 +53,7 @@ def test_caches_age_deletes_expired_entries(db):
     )
     assert caches.age(db, batch=1) == "ok: deleted 1"
     insert(db, "caches", "caches.Age")
-    poller: Poller = caches.make_worker(db)
+    poller: Poller = make_poller(caches.make_worker(db), db)
     assert poller.work_once() == "skip: nothing expired"
     assert db.query("SELECT key FROM cache_entries") == [("b",)]
 

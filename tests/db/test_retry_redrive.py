@@ -4,12 +4,11 @@ import gevent
 import psycopg2
 import pytest
 from factory import make_job, read_job
-from tests_support import wait_for
+from tests_support import make_poller, wait_for
 
 from lib.greenlets.backoff import CAP_SECONDS, Backoff, backoff
 from lib.insert import insert
 from lib.operate.redrive import redrive
-from lib.run.poller import Poller
 from lib.store.db import DB
 from lib.store.sql import Q
 
@@ -44,7 +43,7 @@ def test_redrive_returns_failed_jobs_with_their_error_kept(db):
     def boom(job):
         raise RuntimeError("vendor down")
 
-    poller = Poller("q", db, {"q.N": boom, "q.M": lambda job: "ok"})
+    poller = make_poller("q", db, {"q.N": boom, "q.M": lambda job: "ok"})
     failed = insert(db, "q", "q.N")
     other = insert(db, "q", "q.N")
     fine = insert(db, "q", "q.M")

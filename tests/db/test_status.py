@@ -51,12 +51,12 @@ def test_every_status_the_code_writes_parses(db):
     and between them they must cover every kind, so no writer was left out."""
     import gevent
     from gevent.event import Event
+    from tests_support import make_poller
 
     from lib.background.leases import Leases
     from lib.insert import insert
     from lib.job import Snooze
     from lib.operate.redrive import redrive
-    from lib.run.poller import Poller
 
     hanging = Event()
 
@@ -81,7 +81,7 @@ def test_every_status_the_code_writes_parses(db):
         "q.Bad": lambda job: "done",
         "q.Snooze": snoozes,
     }
-    poller = Poller("q", db, dispatch, job_timeout=0.2, max_attempts=1)
+    poller = make_poller("q", db, dispatch, job_timeout=0.2, max_attempts=1)
     for name in [*dispatch, "q.Unknown"]:
         insert(db, "q", name)
     insert(db, "q", "q.Raise", {"retry": True}, max_attempts=2)
@@ -89,19 +89,19 @@ def test_every_status_the_code_writes_parses(db):
         pass
     # Killed while it runs (the shutdown window closed): written off as interrupted.
     insert(db, "k", "k.Hang", max_attempts=1)
-    killed = gevent.spawn(Poller("k", db, {"k.Hang": hangs}).work_once)
+    killed = gevent.spawn(make_poller("k", db, {"k.Hang": hangs}).work_once)
     assert hanging.wait(10)
     killed.kill()
     # Rescued from a lost worker, with attempts left and without.
     for max_attempts in (1, 2):
         insert(db, f"r{max_attempts}", "r.N", max_attempts=max_attempts)
-        Poller(f"r{max_attempts}", db, {"r.N": lambda job: "ok"}).claim()
+        make_poller(f"r{max_attempts}", db, {"r.N": lambda job: "ok"}).claim()
     db.exec("UPDATE jobs SET lease_until = now() - interval '1 second' WHERE queue LIKE 'r_'")
     assert len(Leases(db).rescue()) == 2
     # Redriven after a fault, and one row left started and one pending.
     assert len(redrive(db, queue="q", name="q.Bad").redriven) == 1
     insert(db, "s", "s.N")
-    Poller("s", db, {"s.N": lambda job: "ok"}).claim()
+    make_poller("s", db, {"s.N": lambda job: "ok"}).claim()
     insert(db, "p", "p.N")
 
     written = {s for (s,) in db.query("SELECT status FROM jobs UNION SELECT last_error FROM jobs")} - {None}

@@ -6,13 +6,13 @@ import logging
 import gevent
 import pytest
 from gevent.event import Event
-from tests_support import wait_for
+from tests_support import make_poller, wait_for
 
 import worker
 from lib.background.clock import Scheduled, every
 from lib.greenlets.supervise import Supervisor
 from lib.insert import insert
-from lib.run.poller import Poller
+from lib.run.queue import Queue
 
 
 class Custom(BaseException):
@@ -31,7 +31,7 @@ def _custom(job):
 
 
 def test_a_handlers_base_exceptions_are_its_jobs_fault_and_the_queue_goes_on(db, sentry_events):
-    poller = Poller(
+    poller = make_poller(
         "q",
         db,
         {"q.Timeout": _own_timeout, "q.Custom": _custom, "q.Fine": lambda job: "ok"},
@@ -60,7 +60,7 @@ def test_a_handlers_base_exceptions_are_its_jobs_fault_and_the_queue_goes_on(db,
 
 def test_the_workers_own_kill_is_not_the_jobs_fault(db):
     """GreenletExit (the shutdown kill) goes on up; the job is written off as interrupted."""
-    poller = Poller("q", db, {"q.Slow": lambda job: gevent.sleep(30) or "ok"})
+    poller = make_poller("q", db, {"q.Slow": lambda job: gevent.sleep(30) or "ok"})
     job_id = insert(db, "q", "q.Slow")
     runner = gevent.spawn(poller.work_once)
     wait_for(lambda: db.query_row("SELECT status FROM jobs WHERE id = %s", (job_id,))[0] == "started")
@@ -70,7 +70,7 @@ def test_the_workers_own_kill_is_not_the_jobs_fault(db):
 
 
 def _make_q(db):
-    return Poller("q", db, {"q.N": lambda job: "ok"}, poll_interval=300)
+    return Queue("q", {"q.N": lambda job: "ok"}, poll_interval=300)
 
 
 @pytest.mark.parametrize("part", ["listener", "clock", "leases", "queue=q slot=0"])

@@ -11,12 +11,11 @@ import psycopg2
 import psycopg2.extensions
 import pytest
 from gevent.event import Event
-from tests_support import MON, Gate, count_jobs, wait_for, waiting_on
+from tests_support import MON, Gate, count_jobs, make_poller, wait_for, waiting_on
 
 from lib.background.clock import Clock, Scheduled
 from lib.insert import insert
 from lib.job import status as st
-from lib.run.poller import Poller
 from lib.store.db import DB, PoolTimeout
 from lib.store.sql import Q
 
@@ -53,7 +52,7 @@ def test_a_poller_killed_during_its_finalize_gives_the_claimed_next_job_back(db,
     db.exec("CREATE TRIGGER held_finalize BEFORE UPDATE ON jobs FOR EACH ROW EXECUTE FUNCTION held_finalize()")
     first, second = insert(db, "k", "k.N"), insert(db, "k", "k.N")
     ran = []
-    poller = Poller("k", db, {"k.N": lambda job: ran.append(job.id) or "ok"}, poll_interval=60)
+    poller = make_poller("k", db, {"k.N": lambda job: ran.append(job.id) or "ok"}, poll_interval=60)
     try:
         with Gate(database_url, GATE) as gate, gevent.Timeout(20):
             polling = gevent.spawn(poller.poll, Event())
@@ -79,7 +78,7 @@ def test_a_poller_killed_during_its_finalize_gives_the_claimed_next_job_back(db,
         "leased": False,
         "finished": False,
     }
-    other = Poller("k", db, {"k.N": lambda job: st.ok(f"attempt {job.attempts}")})
+    other = make_poller("k", db, {"k.N": lambda job: st.ok(f"attempt {job.attempts}")})
     assert other.work_once() == "ok: attempt 1"
 
 
@@ -101,7 +100,7 @@ def test_a_finalize_that_loses_its_connection_then_is_refused_is_reported_once(d
         "END IF; RETURN NEW; END $$"
     )
     db.exec("CREATE TRIGGER failing_finalize BEFORE UPDATE ON jobs FOR EACH ROW EXECUTE FUNCTION failing_finalize()")
-    poller = Poller("f", db, {"f.N": lambda job: st.ok("unlucky")})
+    poller = make_poller("f", db, {"f.N": lambda job: st.ok("unlucky")})
     job_id = insert(db, "f", "f.N")
     try:
         with caplog.at_level(logging.WARNING, logger="jobs"), gevent.Timeout(20):
@@ -135,7 +134,7 @@ def test_a_job_killed_with_attempts_left_goes_back_for_another_worker(db, sentry
         gevent.sleep(60)
         return "ok"
 
-    poller = Poller("i", db, {"i.N": hangs}, max_attempts=2)
+    poller = make_poller("i", db, {"i.N": hangs}, max_attempts=2)
     job_id = insert(db, "i", "i.N")
     worker = gevent.spawn(poller.work_once)
     assert running.wait(10)
@@ -149,7 +148,7 @@ def test_a_job_killed_with_attempts_left_goes_back_for_another_worker(db, sentry
         "finished": False,
     }
     assert sentry_events == []
-    other = Poller("i", db, {"i.N": lambda job: st.ok(f"attempt {job.attempts}")})
+    other = make_poller("i", db, {"i.N": lambda job: st.ok(f"attempt {job.attempts}")})
     assert other.work_once() == "ok: attempt 2"
 
 
@@ -158,7 +157,7 @@ def test_an_idle_poller_sleeps_until_its_next_delayed_row(db):
     away; a row due in a second is claimed soon after it falls due, because the
     poller slept only until then."""
     ran = Event()
-    poller = Poller("d", db, {"d.N": lambda job: ran.set() or "ok"}, poll_interval=60)
+    poller = make_poller("d", db, {"d.N": lambda job: ran.set() or "ok"}, poll_interval=60)
     job_id = insert(db, "d", "d.N", run_at=datetime.now(UTC) + timedelta(seconds=1))
     stop = Event()
     polling = gevent.spawn(poller.poll, stop)

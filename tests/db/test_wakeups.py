@@ -4,10 +4,9 @@ import uuid
 import gevent
 import pytest
 from gevent.event import Event
-from tests_support import run_python
+from tests_support import make_poller, run_python
 
 from lib.insert import insert
-from lib.run.poller import Poller
 from lib.store.wakeups import Listener
 
 
@@ -44,7 +43,7 @@ def _wait(predicate, timeout=10.0):
 def test_commit_from_another_process_wakes_the_poller_far_before_the_poll(db, database_url):
     """The poll interval is 60 s; a separate process's commit starts the job in well under that."""
     started = []
-    poller = Poller("q", db, {"q.N": lambda job: started.append(time.time()) or "ok"}, poll_interval=60)
+    poller = make_poller("q", db, {"q.N": lambda job: started.append(time.time()) or "ok"}, poll_interval=60)
     listener = Listener(database_url, lambda queue: poller.wake(), poller.wake)
     stop = Event()
     greenlets = [gevent.spawn(listener.run, stop), gevent.spawn(poller.poll, stop)]
@@ -103,7 +102,7 @@ def test_a_finished_job_wakes_nobody_but_a_handover_does(db, listening):
     _, recorder = listening
     db.exec("INSERT INTO jobs (queue, name) VALUES ('plain', 'plain.N'), ('plain', 'plain.N')")
     _wait(lambda: recorder.woken == ["plain"])
-    poller = Poller("plain", db, {"plain.N": lambda job: "ok"})
+    poller = make_poller("plain", db, {"plain.N": lambda job: "ok"})
     # A finished job notifies no one: its poller goes on with the queue itself.
     assert poller.work_once() == "ok"
     assert _settled(db, recorder) == ["plain"]
@@ -123,14 +122,14 @@ def test_a_retry_and_a_rescue_wake_the_queue(db, listening):
 
     insert(db, "r", "r.N", max_attempts=2)
     _wait(lambda: recorder.woken == ["r"])
-    Poller("r", db, {"r.N": boom}).work_once()  # back to pending for a retry
+    make_poller("r", db, {"r.N": boom}).work_once()  # back to pending for a retry
     _wait(lambda: recorder.woken == ["r", "r"])
     insert(db, "s", "s.N")
     # The insert's wake must be in before the rescue's: the listener wakes a
     # queue once for all the notifications it reads at once (a wake is a wake),
     # so two that arrive together count as one.
     _wait(lambda: recorder.woken == ["r", "r", "s"])
-    Poller("s", db, {"s.N": lambda job: "ok"}).claim()
+    make_poller("s", db, {"s.N": lambda job: "ok"}).claim()
     db.exec("UPDATE jobs SET lease_until = now() - interval '1 second' WHERE queue = 's'")
     Leases(db).rescue()
     _wait(lambda: recorder.woken == ["r", "r", "s", "s"])

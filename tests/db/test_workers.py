@@ -9,14 +9,14 @@ import gevent
 import pytest
 from factory import make_job
 from gevent.event import Event
-from tests_support import wait_for
+from tests_support import make_poller, wait_for
 
 import worker
 from lib.background import worker_registry
 from lib.background.leases import Leases
 from lib.insert import insert
 from lib.operate import overview
-from lib.run.poller import Poller
+from lib.run.queue import Queue
 from lib.setup.settings import SettingError, Settings
 from queues import maintenance
 
@@ -87,7 +87,7 @@ def test_the_worker_registers_at_start_and_leaves_when_it_stops(db):
     run = gevent.spawn(
         worker.run,
         db,
-        [lambda db: Poller("q", db, {"q.N": lambda job: "ok"})],
+        [lambda db: Queue("q", {"q.N": lambda job: "ok"})],
         Settings(http_addr=None, lease_seconds=3),
         stop=stop,
     )
@@ -110,7 +110,7 @@ def test_the_daily_clean_up_forgets_workers_unseen_for_a_day(db):
     _plant(db, "gone-holding", "25 hours")
     make_job(db, status="started", worker_id="gone-holding")
     insert(db, "maintenance", "maintenance.CleanUpJobs")
-    done = maintenance.make_worker(db).work_once()
+    done = make_poller(maintenance.make_worker(db), db).work_once()
     assert done == "ok: nothing old enough; forgot 1 workers unseen for a day"
     assert {r[0] for r in db.query("SELECT id FROM workers")} == {"live", "yesterday", "gone-holding"}
 
@@ -120,7 +120,7 @@ def test_jobs_queues_runs_only_the_queues_it_names(db, caplog):
     rows to another, without calling them rows no worker runs."""
     for queue in ("a", "b"):
         insert(db, queue, f"{queue}.N")
-    registry = [lambda db, q=q: Poller(q, db, {f"{q}.N": lambda job: "ok"}) for q in ("a", "b")]
+    registry = [lambda db, q=q: Queue(q, {f"{q}.N": lambda job: "ok"}) for q in ("a", "b")]
     stop = Event()
     run = gevent.spawn(worker.run, db, registry, Settings(http_addr=None, queues=frozenset({"a"})), stop=stop)
     try:
@@ -136,7 +136,7 @@ def test_jobs_queues_runs_only_the_queues_it_names(db, caplog):
 
 def test_jobs_queues_naming_an_unregistered_queue_is_refused(db):
     with pytest.raises(SettingError, match="JOBS_QUEUES names queues that are not registered: c"):
-        worker.run(db, [lambda db: Poller("a", db, {"a.N": lambda job: "ok"})], Settings(queues=frozenset({"a", "c"})))
+        worker.run(db, [lambda db: Queue("a", {"a.N": lambda job: "ok"})], Settings(queues=frozenset({"a", "c"})))
 
 
 def test_a_worker_registers_the_names_it_handles_and_counts_for_them_while_alive(db):

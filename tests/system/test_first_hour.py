@@ -26,11 +26,12 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from tests_support import make_poller
 
 from lib.background.clock import Scheduled, every
 from lib.insert import insert
 from lib.operate.registry_check import schedule_args_problems
-from lib.run.poller import Poller
+from lib.operate.setup_check import defined, unconnected
 from lib.setup import embedded
 from lib.setup.errors import MAX_TRACEBACK_BYTES
 from queues import REGISTRY
@@ -379,7 +380,7 @@ def test_the_traceback_is_kept_bounded_and_without_locals(db, caplog):
         # Alternating frames: Python prints a run of one repeated frame as one line.
         return recurse(depth)
 
-    poller = Poller("tb", db, {"tb.Deep": lambda job: recurse(job.args["depth"])})
+    poller = make_poller("tb", db, {"tb.Deep": lambda job: recurse(job.args["depth"])})
     job_id = insert(db, "tb", "tb.Deep", {"depth": 200})
     with caplog.at_level(logging.ERROR, logger="jobs"):
         assert poller.work_once() == "err: ValueError: at the bottom"
@@ -395,7 +396,7 @@ def test_the_traceback_is_kept_bounded_and_without_locals(db, caplog):
 
 
 def test_with_sentry_on_the_fault_goes_there_not_to_the_error_log(db, caplog, sentry_events):
-    poller = Poller("tb", db, {"tb.N": lambda job: 1 / 0})
+    poller = make_poller("tb", db, {"tb.N": lambda job: 1 / 0})
     job_id = insert(db, "tb", "tb.N")
     with caplog.at_level(logging.ERROR, logger="jobs"):
         assert poller.work_once() == "err: ZeroDivisionError: division by zero"
@@ -470,7 +471,7 @@ def test_args_of_a_wrapped_handler_are_checked_too():
         Scheduled("github", "github.FetchRepo", every(15), args={"owner": "octo", "repo": 7}),
         Scheduled("github", "github.FetchUser", every(15), args={"login": "octo"}),
     ]
-    [problem] = schedule_args_problems(REGISTRY, entries)
+    [problem] = schedule_args_problems(defined(REGISTRY, unconnected()), entries)
     assert problem.startswith("schedule: queue=github job=github.FetchRepo args")
     assert "FetchRepoArgs: field 'repo' should be str, got int 7" in problem
 

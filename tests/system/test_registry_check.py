@@ -7,8 +7,10 @@ import pytest
 
 from lib.background.clock import Scheduled, every
 from lib.operate.registry_check import check, main
+from lib.operate.setup_check import defined, unconnected
 from lib.operate.writers import Writer
-from lib.run.poller import Poller
+from lib.run.queue import Queue
+from lib.setup.settings import SettingError
 from lib.store.db import DB
 from queues import REGISTRY
 from queues.schedule import SCHEDULE
@@ -20,8 +22,7 @@ def _ok(job):
     return "ok"
 
 
-def known(db: DB) -> Poller:
-    return Poller("known", db, {"known.Run": _ok, "known.Other": _ok})
+KNOWN = Queue("known", {"known.Run": _ok, "known.Other": _ok})
 
 
 def plant(root: Path, files: dict[str, str]) -> Path:
@@ -83,7 +84,7 @@ def test_a_planted_tree_fails_naming_each_unhandled_writer(tmp_path, capsys):
         },
     )
     schedule = [Scheduled("known", "known.Other", every(5)), Scheduled("late", "late.Tick", every(5))]
-    report = check([known], schedule, root)
+    report = check([KNOWN], schedule, root)
     assert [(p.split(":")[0], p.split("queue=")[1]) for p in report.problems] == [
         ("queues/ghost.py", "ghost job=ghost.Nope has no worker (no such queue is registered)"),
         ("queues/ghost.py", "known job=known.Typo has no worker (queue known does not handle it)"),
@@ -109,7 +110,7 @@ def test_a_planted_tree_fails_naming_each_unhandled_writer(tmp_path, capsys):
     assert Writer("queues/ghost.py:5", "known", "known.Run") in report.writers
     assert Writer("sql/ghosts.sql:8", "known", "known.Run") in report.writers
 
-    assert main([known], schedule, root) == 1
+    assert main([KNOWN], schedule, root) == 1
     out = capsys.readouterr().out
     assert "queues/ghost.py:6: queue=ghost job=ghost.Nope" in out
     assert "sql/ghosts.sql:3: queue=sqlghost job=sqlghost.Missing" in out
@@ -125,17 +126,17 @@ def test_a_handled_tree_passes(tmp_path, capsys):
             "sql/x.sql": "INSERT INTO jobs (queue, name) SELECT 'known' AS queue, 'known.Run' AS name;\n",
         },
     )
-    report = check([known], [Scheduled("known", "known.Run", every(5))], root)
+    report = check([KNOWN], [Scheduled("known", "known.Run", every(5))], root)
     assert report.problems == [] and report.warnings == []
     assert len(report.writers) == 4
-    assert main([known], [], root) == 0
+    assert main([KNOWN], [], root) == 0
     assert capsys.readouterr().out == "registry check ok: 3 writers name 2 jobs, all handled by 1 queues\n"
 
 
 def test_a_call_marked_as_checked_at_run_time_is_not_a_warning(tmp_path):
     marked = "insert(db, args.queue, args.name)  # registry-check: names checked at run time\n"
     root = plant(tmp_path, {"lib/a.py": marked, "lib/b.py": "insert(db, args.queue, args.name)\n"})
-    report = check([known], [], root)
+    report = check([KNOWN], [], root)
     assert report.problems == [] and [w.split(":")[0] for w in report.warnings] == ["lib/b.py"]
 
 
@@ -148,18 +149,18 @@ def test_an_aliased_enqueue_is_read_and_a_local_definition_is_not(tmp_path):
             "lib/b.py": "def insert(db, queue, name):\n    pass\n\ninsert(db, 'ghost', 'ghost.Local')\n",
         },
     )
-    report = check([known], [], root)
+    report = check([KNOWN], [], root)
     assert report.problems == ["lib/a.py:3: queue=ghost job=ghost.Aliased has no worker (no such queue is registered)"]
 
 
 def test_a_registry_that_cannot_be_built_or_repeats_a_queue_is_a_problem(tmp_path):
-    def broken(db: DB) -> Poller:
+    def broken(db: DB) -> Queue:
         raise RuntimeError("no config")
 
-    report = check([known, broken, known], [], tmp_path)
-    assert len(report.problems) == 2
-    assert "raised RuntimeError: no config" in report.problems[0]
-    assert "queue 'known' is registered twice" in report.problems[1]
+    with pytest.raises(SettingError, match="broken cannot build its queue: RuntimeError: no config"):
+        defined([lambda db: KNOWN, broken], unconnected())
+    report = check([KNOWN, KNOWN], [], tmp_path)
+    assert report.problems == ["REGISTRY[1]: queue 'known' is registered twice"]
 
 
 @pytest.mark.parametrize(
@@ -170,7 +171,7 @@ def test_a_registry_that_cannot_be_built_or_repeats_a_queue_is_a_problem(tmp_pat
     ],
 )
 def test_sql_it_cannot_read_is_a_warning(tmp_path, sql):
-    report = check([known], [], plant(tmp_path, {"sql/w.sql": sql}))
+    report = check([KNOWN], [], plant(tmp_path, {"sql/w.sql": sql}))
     assert report.problems == [] and len(report.warnings) == 1
     assert report.warnings[0].startswith("sql/w.sql:1: ")
 
@@ -178,13 +179,13 @@ def test_sql_it_cannot_read_is_a_warning(tmp_path, sql):
 def test_the_real_tree_passes(capsys):
     """Every insert call, SQL file and schedule entry of the project names a job
     that a registered worker handles."""
-    report = check(REGISTRY, SCHEDULE, ROOT)
+    report = check(defined(REGISTRY, unconnected()), SCHEDULE, ROOT)
     assert report.problems == []
     assert {"caches", "maintenance"} <= set(report.handled)
     assert {("caches", "caches.Age"), ("maintenance", "maintenance.CleanUpJobs")} <= {
         (w.queue, w.name) for w in report.writers
     }
-    assert main(REGISTRY, SCHEDULE, ROOT) == 0
+    assert main(defined(REGISTRY, unconnected()), SCHEDULE, ROOT) == 0
     assert capsys.readouterr().out.startswith("registry check ok: ")
 
 
@@ -248,7 +249,7 @@ def test_the_real_tree_passes(capsys):
     ],
 )
 def test_sql_is_read_as_postgres_reads_it(tmp_path, sql, writers):
-    report = check([known], [], plant(tmp_path, {"sql/q.sql": sql}))
+    report = check([KNOWN], [], plant(tmp_path, {"sql/q.sql": sql}))
     assert report.warnings == []
     assert [(int(w.where.split(":")[1]), w.queue, w.name) for w in report.writers] == writers
 
@@ -271,7 +272,7 @@ CREATE FUNCTION enqueue_sql() RETURNS void LANGUAGE sql AS '
 
 
 def test_function_bodies_are_read_as_their_language(tmp_path):
-    report = check([known], [], plant(tmp_path, {"sql/migrations/016_f.sql": PLANTED_PLPGSQL}))
+    report = check([KNOWN], [], plant(tmp_path, {"sql/migrations/016_f.sql": PLANTED_PLPGSQL}))
     assert report.warnings == []
     assert [(w.where, w.name) for w in report.writers] == [
         ("sql/migrations/016_f.sql:6", "ghost.Returned"),
@@ -296,7 +297,7 @@ def test_function_bodies_are_read_as_their_language(tmp_path):
     ],
 )
 def test_sql_postgres_cannot_parse_is_a_problem(tmp_path, sql, problem):
-    report = check([known], [], plant(tmp_path, {"sql/q.sql": sql}))
+    report = check([KNOWN], [], plant(tmp_path, {"sql/q.sql": sql}))
     assert report.problems == [problem]
 
 

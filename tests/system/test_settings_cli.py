@@ -9,7 +9,7 @@ import sys
 
 import pytest
 from sentry_server import SentryServer
-from tests_support import ROOT, wait_for
+from tests_support import ROOT, make_poller, wait_for
 
 from lib.insert import insert
 from lib.setup.dsn import dsn_password, masked_dsn
@@ -179,7 +179,6 @@ def test_a_name_read_from_a_row_cannot_forge_a_log_line(db, database_url, tmp_pa
 def test_a_fault_quoting_the_database_password_is_stored_without_it(db, settings_of):
     """A handler's error that quotes a configured secret (the password, in a
     DSN it printed) is stored in the row, status and traceback, masked."""
-    from lib.run.poller import Poller
 
     password = "SEKRET-in-a-message-31"
     settings_of({"DATABASE_URL": f"postgresql://u:{password}@db.example/jobs"})
@@ -188,7 +187,7 @@ def test_a_fault_quoting_the_database_password_is_stored_without_it(db, settings
         raise RuntimeError(f"could not reach postgresql://u:{password}@db.example/jobs")
 
     insert(db, "q", "q.N")
-    status = Poller("q", db, {"q.N": handler}).work_once()
+    status = make_poller("q", db, {"q.N": handler}).work_once()
     row = db.query_row("SELECT status, last_error, last_traceback FROM jobs")
     assert status.startswith("err: RuntimeError: could not reach")
     assert all(password not in text for text in row), row

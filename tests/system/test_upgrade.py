@@ -13,7 +13,7 @@ from pathlib import Path
 
 import psycopg2
 import pytest
-from tests_support import ROOT, wait_for
+from tests_support import ROOT, make_poller, wait_for
 
 from lib.background import worker_registry
 from lib.insert import insert
@@ -124,7 +124,7 @@ def test_an_older_worker_leaves_the_newer_releases_jobs_to_it(db, database_url, 
 
 
 def older_poller(db) -> Poller:
-    return Poller("up", db, {"up.Old": lambda job: status.ok()})
+    return make_poller("up", db, {"up.Old": lambda job: status.ok()})
 
 
 def test_a_job_a_live_worker_handles_is_given_back_uncounted_and_ended_once_none_does(db):
