@@ -171,6 +171,24 @@ def read_until(proc, text: str, timeout: float = 30.0) -> str:
     raise AssertionError(f"the process ended before printing {text!r}: {''.join(lines)}")
 
 
+@contextmanager
+def running_worker(db: DB, registry: list, settings: Any = None, **options: Any) -> Iterator[gevent.Greenlet]:
+    """worker.run on db with this registry (its settings: no HTTP server
+    unless given) in a greenlet, for the block; then stop, and it must exit 0
+    within its shutdown window. options go to worker.run (schedule=, supervisor=)."""
+    import worker
+    from lib.setup.settings import Settings
+
+    stop = Event()
+    run = gevent.spawn(worker.run, db, registry, settings or Settings(http_addr=None), stop=stop, **options)
+    try:
+        yield run
+    finally:
+        stop.set()
+        code = run.get(timeout=30)
+    assert code == 0, code
+
+
 def poll_until(pollers, done, timeout: float = 30) -> None:
     """Run the pollers' poll in greenlets until done() holds, then stop them."""
     stop = Event()

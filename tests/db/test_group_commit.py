@@ -11,10 +11,9 @@ import gevent
 import psycopg2
 import pytest
 from gevent.event import Event
-from tests_support import count_jobs, make_poller, poll_until, updates_held, wait_for, waiting_on
+from tests_support import count_jobs, make_poller, poll_until, running_worker, updates_held, wait_for, waiting_on
 
 import lib.greenlets.standby
-import worker
 from lib.insert import insert
 from lib.run.outcome import Outcome
 from lib.run.queue import Queue
@@ -241,20 +240,17 @@ def test_an_idle_forty_queue_worker_holds_at_most_three_connections(db, database
     registry = [lambda d, n=n: Queue(f"i{n:02}", {"i.N": lambda job: "ok"}) for n in range(40)]
     for n in range(40):
         insert(db, f"i{n:02}", "i.N")
-    stop = Event()
-    runner = gevent.spawn(worker.run, pool, registry, Settings(http_addr=None, shutdown_window=5), stop=stop)
     held = (
         "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name <> 'jobs-test'"
     )
     try:
-        wait_for(lambda: count_jobs(db, "status = 'ok'") == 40)
-        # Busy a moment ago; idle now.
-        wait_for(lambda: db.query_row(held)[0] <= 3, timeout=10)
-        gevent.sleep(1.5)
-        assert db.query_row(held)[0] <= 3
+        with running_worker(pool, registry, Settings(http_addr=None, shutdown_window=5)):
+            wait_for(lambda: count_jobs(db, "status = 'ok'") == 40)
+            # Busy a moment ago; idle now.
+            wait_for(lambda: db.query_row(held)[0] <= 3, timeout=10)
+            gevent.sleep(1.5)
+            assert db.query_row(held)[0] <= 3
     finally:
-        stop.set()
-        assert runner.get(timeout=20) == 0
         pool.close()
 
 

@@ -9,7 +9,7 @@ import gevent
 import pytest
 from factory import make_job
 from gevent.event import Event
-from tests_support import make_poller, wait_for
+from tests_support import make_poller, running_worker, wait_for
 
 import worker
 from lib.background import worker_registry
@@ -83,23 +83,13 @@ def test_a_dead_worker_holding_rows_is_listed_dead_and_a_live_one_with_its_count
 
 
 def test_the_worker_registers_at_start_and_leaves_when_it_stops(db):
-    stop = Event()
-    run = gevent.spawn(
-        worker.run,
-        db,
-        [lambda db: Queue("q", {"q.N": lambda job: "ok"})],
-        Settings(http_addr=None, lease_seconds=3),
-        stop=stop,
-    )
-    try:
+    registry = [lambda db: Queue("q", {"q.N": lambda job: "ok"})]
+    with running_worker(db, registry, Settings(http_addr=None, lease_seconds=3)):
         wait_for(lambda: overview.workers(db) != [], 10)
         [info] = overview.workers(db)
         assert (info.queues, info.alive, info.pid) == (["q"], True, os.getpid())
         db.exec("UPDATE workers SET last_seen = now() - interval '1 hour'")
         wait_for(lambda: overview.workers(db) != [], 5)  # refreshed by its lease keeper, at least once a lease (3 s)
-    finally:
-        stop.set()
-        assert run.get(timeout=30) == 0
     assert db.query_row("SELECT count(*) FROM workers") == (0,)
 
 
@@ -121,15 +111,10 @@ def test_jobs_queues_runs_only_the_queues_it_names(db, caplog):
     for queue in ("a", "b"):
         insert(db, queue, f"{queue}.N")
     registry = [lambda db, q=q: Queue(q, {f"{q}.N": lambda job: "ok"}) for q in ("a", "b")]
-    stop = Event()
-    run = gevent.spawn(worker.run, db, registry, Settings(http_addr=None, queues=frozenset({"a"})), stop=stop)
-    try:
+    with running_worker(db, registry, Settings(http_addr=None, queues=frozenset({"a"}))):
         wait_for(lambda: db.query_row("SELECT status FROM jobs WHERE queue = 'a'") == ("ok",), 10)
         [info] = overview.workers(db)
         assert info.queues == ["a"]
-    finally:
-        stop.set()
-        assert run.get(timeout=30) == 0
     assert db.query_row("SELECT status FROM jobs WHERE queue = 'b'") == ("pending",)
     assert not [r for r in caplog.records if "no worker runs" in r.getMessage()]
 
