@@ -13,20 +13,20 @@ SELECT id FROM jobs_insert_many(%(callsite)s::text, %(queues)s::jsonb, %(names)s
                                 %(run_ats)s::jsonb, %(priorities)s::jsonb, %(max_attempts)s::jsonb) AS id
 
 -- name: job_claim
--- Claim the queue's next due job (or the one asked for) for one slot: a lone claim (jobs_step_one, migration 018), in job_claimed_by's columns. With nothing claimed, one row of NULLs whose wait says how long until the queue may have work.
+-- Claim the queue's next due job (or the one asked for) for one slot: a lone claim (jobs_step_one, migration 022), in job_claimed_by's columns. With nothing claimed, one row of NULLs whose wait says how long until the queue may have work.
 SELECT id, name, args, attempts, max_attempts, callsite, latency, wait, slot
 FROM jobs_step_one(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
                    %(queue)s, %(slot)s, %(worker_id)s, %(lease)s, %(max_attempts)s, %(id)s)
 
 -- name: job_step_one
--- A group commit of one ask (lib/store/group_commit.py): an outcome (o_ parameters, all NULL for none) and/or one slot's claim (c_ parameters, all NULL for none), in job_step's columns. jobs_step_one (migration 018).
+-- A group commit of one ask (lib/store/group_commit.py): an outcome (o_ parameters, all NULL for none) and/or one slot's claim (c_ parameters, all NULL for none), in job_step's columns. jobs_step_one (migration 022).
 SELECT queue, worker_id, id, name, args, attempts, max_attempts, callsite, latency, wait, slot
 FROM jobs_step_one(%(o_id)s, %(o_worker_id)s, %(o_attempts)s, %(o_status)s, %(o_retry_in)s, %(o_last_error)s,
                    %(o_last_traceback)s, %(o_delay)s, %(o_uncounted)s,
                    %(c_queue)s, %(c_slot)s, %(c_worker_id)s, %(c_lease)s, %(c_max_attempts)s, %(c_id)s)
 
 -- name: job_step
--- One group commit of several asks (lib/store/group_commit.py): outcomes of any queues, then claims grouped by queue, in one round trip and one transaction: jobs_step (migration 018).
+-- One group commit of several asks (lib/store/group_commit.py): outcomes of any queues, then claims grouped by queue, in one round trip and one transaction: jobs_step (migration 022).
 SELECT queue, worker_id, id, name, args, attempts, max_attempts, callsite, latency, wait, slot
 FROM jobs_step(%(o_id)s::bigint[], %(o_worker_id)s::text[], %(o_attempts)s::int[], %(o_status)s::text[],
                %(o_retry_in)s::float8[], %(o_last_error)s::text[], %(o_last_traceback)s::text[],

@@ -11,8 +11,8 @@ under load a batch grows by itself. When batches carry one ask each (a
 serial queue, an idle worker), a job's outcome goes at once from the
 greenlet that asked, without the hop to the sender and back: outcomes come
 one at a time as jobs end, not in a burst of one turn. A batch of one goes
-as jobs_step_one, each field a plain value, the same rules for one ask
-(migration 018).
+as jobs_step_one, each field a plain value: the same rules for one ask, the
+functions both call (migration 022).
 
 One batch is on its way at a time (a second beside it would meet the first
 on the same queue's turn and be told to come back later), on a connection
@@ -35,6 +35,10 @@ from lib.store.db import DB, NoReply, Row, Unsendable, is_server_error
 from lib.store.sql import Q
 
 log = logging.getLogger("jobs.commit")
+
+# The first key of every queue's turn, pg_try_advisory_xact_lock(key,
+# hashtext(queue)): the key jobs_queue_turn (migration 022) takes.
+QUEUE_TURN_KEY = 1785684595
 
 # Seconds a batch may take before it counts as unanswered (the server or the
 # way to it hangs); its outcome is then settled like a lost connection's.

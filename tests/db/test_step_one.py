@@ -1,6 +1,7 @@
-"""jobs_step_one (migration 017) answers a lone ask exactly as jobs_step
-(migration 014) answers a batch of that one ask: the same rows written, the
-same job claimed, the same wait, in every case a claim or an outcome can meet.
+"""jobs_step_one answers a lone ask exactly as jobs_step answers a batch of
+that one ask (migration 022, where both call the rules they share): the same
+rows written, the same job claimed, the same wait, in every case a claim or an
+outcome can meet.
 
 Each case is set up once; then each function runs it, as lib.store.group_commit sends it,
 in a transaction of its own that is rolled back, from the same state. Another
@@ -17,7 +18,7 @@ import pytest
 from lib.insert import insert
 from lib.operate.queue_state import pause
 from lib.store.db import DB
-from lib.store.group_commit import Ask, batch_step, lone_step
+from lib.store.group_commit import QUEUE_TURN_KEY, Ask, batch_step, lone_step
 
 Pair = tuple[dict[str, Any] | None, dict[str, Any] | None]  # (outcome, claim)
 # jobs_step_one's floats come from now() of its own transaction: a wait or a
@@ -271,7 +272,7 @@ def test_a_held_head_claims_nothing_not_the_row_behind(db: DB, database_url: str
 
 def test_a_queue_whose_turn_is_held_is_looked_at_again_shortly(db: DB, database_url: str) -> None:
     insert(db, "q", "q.N")
-    with held(database_url, "SELECT pg_advisory_xact_lock(1785684595, hashtext(%s))", ("q",)):
+    with held(database_url, "SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (QUEUE_TURN_KEY, "q")):
         general, lone, _ = run_both(db, (None, claim()))
     assert same(general, lone), (general, lone)
     assert [row[2] for row in lone] == [None] and lone[0][9] == 0.05
@@ -290,8 +291,26 @@ def test_a_throttling_outcome_holds_the_turn_until_it_commits(db: DB, database_u
             other = psycopg2.connect(database_url)
             try:
                 with other.cursor() as cur:
-                    cur.execute("SELECT pg_try_advisory_xact_lock(1785684595, hashtext('q'))")
+                    cur.execute("SELECT pg_try_advisory_xact_lock(%s, hashtext('q'))", (QUEUE_TURN_KEY,))
                     assert cur.fetchone() == (False,), build.__name__
             finally:
                 other.close()
             tx.conn.rollback()
+
+
+def test_the_shared_rules_are_inlined(db: DB) -> None:
+    """The SQL functions both steps call are put in place of their calls by the
+    planner, so neither step pays a call of its own for them: a call that is
+    not inlined shows in the server's count of function calls."""
+    job_id = started(db)
+    insert(db, "q", "q.N")
+    insert(db, "later", "q.N", run_at=soon(30))
+    asks = [Ask(outcome(job_id), claim()), Ask(None, claim("later")), Ask(None, claim(slot=1))]
+    with db.transaction() as tx:
+        tx.exec("SET LOCAL track_functions = 'all'")
+        tx.query(*lone_step(asks[0]))
+        tx.query(*lone_step(asks[1]))
+        tx.query(*batch_step(asks[1:]))
+        called = {row[0] for row in tx.query("SELECT funcname FROM pg_stat_xact_user_functions")}
+        tx.conn.rollback()
+    assert called == {"jobs_step", "jobs_step_one"}, called
