@@ -4,7 +4,7 @@
 -- gate and its wait, a slot's holder, the due jobs in the queue's order, and
 -- the wait until the next one. jobs_step and jobs_step_one (018) are
 -- redefined to call them; what is left in each is how it goes through its
--- asks (one, or a set of them in a few statements), and tests/test_step_one.py
+-- asks (one, or a set of them in a few statements), and tests/db/test_step_one.py
 -- holds the two to the same answers.
 --
 -- The SQL functions here are inlined: the planner puts their bodies in place
