@@ -234,3 +234,17 @@ MON = datetime(2026, 3, 2, tzinfo=UTC)
 def at(day: int, hour: int, minute: int, second: int = 0) -> datetime:
     """A UTC time in the week of MON (day 0 is Monday)."""
     return MON + timedelta(days=day, hours=hour, minutes=minute, seconds=second)
+
+
+class FakeTime:
+    """now() for Clock.run: the given times in turn; the last one also sets stop."""
+
+    def __init__(self, times: list[datetime], stop: Event) -> None:
+        self.times = times
+        self.stop = stop
+
+    def __call__(self) -> datetime:
+        if len(self.times) == 1:
+            self.stop.set()
+            return self.times[0]
+        return self.times.pop(0)

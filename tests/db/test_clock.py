@@ -6,7 +6,7 @@ import gevent
 import psycopg2
 import pytest
 from gevent.event import Event
-from tests_support import at, count_jobs
+from tests_support import FakeTime, at, count_jobs
 
 from lib.background.clock import (
     FIRE_LOCK_TIMEOUT,
@@ -215,20 +215,6 @@ def test_old_ticks_are_pruned(clock_db):
 
 
 # run: the time is passed in, so nothing sleeps.
-
-
-class FakeTime:
-    """now() for Clock.run: the given times in turn; at the end it sets stop."""
-
-    def __init__(self, times: list[datetime], stop: Event) -> None:
-        self.times = times
-        self.stop = stop
-
-    def __call__(self) -> datetime:
-        if len(self.times) == 1:
-            self.stop.set()
-            return self.times[0]
-        return self.times.pop(0)
 
 
 def test_run_ticks_each_minute_boundary_and_stops(clock_db):

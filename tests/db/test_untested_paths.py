@@ -11,7 +11,7 @@ import psycopg2
 import psycopg2.extensions
 import pytest
 from gevent.event import Event
-from tests_support import MON, Gate, count_jobs, make_poller, wait_for, waiting_on
+from tests_support import MON, FakeTime, Gate, count_jobs, make_poller, wait_for, waiting_on
 
 from lib.background.clock import Clock, Scheduled
 from lib.insert import insert
@@ -174,20 +174,6 @@ def test_an_idle_poller_sleeps_until_its_next_delayed_row(db):
 # The clock
 
 
-class SteppedTime:
-    """now() for Clock.run: the given times in turn; the last one also sets stop."""
-
-    def __init__(self, times: list[datetime], stop: Event) -> None:
-        self.times = times
-        self.stop = stop
-
-    def __call__(self) -> datetime:
-        if len(self.times) == 1:
-            self.stop.set()
-            return self.times[0]
-        return self.times.pop(0)
-
-
 def test_the_clock_stepping_back_ticks_the_next_minute_of_the_new_time(db):
     """The wall clock steps back 70 minutes while the clock waits for 09:11: it
     ticks 08:01, the next minute of the new time, instead of waiting 70 minutes."""
@@ -195,7 +181,7 @@ def test_the_clock_stepping_back_ticks_the_next_minute_of_the_new_time(db):
     entry = Scheduled("q", "q.Every", lambda t: seen.append(t) or False)
     stop = Event()
     at = lambda h, m, s=0: MON + timedelta(hours=h, minutes=m, seconds=s)  # noqa: E731
-    now = SteppedTime([at(9, 10, 30), at(8, 0, 30), at(8, 0, 30), at(8, 1), at(8, 1)], stop)
+    now = FakeTime([at(9, 10, 30), at(8, 0, 30), at(8, 0, 30), at(8, 1), at(8, 1)], stop)
     with gevent.Timeout(10):
         Clock(db, [entry], now=now).run(stop)
     assert seen == [at(8, 1)]
