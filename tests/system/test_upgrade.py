@@ -26,6 +26,9 @@ LEFT_LINE = "job=up.New is left to the workers that handle it"
 # NOTIFY wakes both workers, so either may claim its head.
 BATCH = ("up.New", "up.Old", "up.New")
 BATCHES = 10
+# Which worker claims a batch's head is a race: batches go on until A has
+# claimed an up.New (and left it to B) at least once, up to this many.
+MAX_BATCHES = 60
 
 
 @contextmanager
@@ -91,10 +94,13 @@ def ended(db, job_ids: list[int]) -> list[tuple[str, int]]:
 def test_an_older_worker_leaves_the_newer_releases_jobs_to_it(db, database_url, tmp_path, concurrency):
     names: dict[int, str] = {}
     with release_workers(tmp_path, database_url, concurrency) as procs:
-        for n in range(BATCHES):
+        for n in range(MAX_BATCHES):
             batch = (*BATCH, "up.Typo") if n == BATCHES // 2 else BATCH
             names.update(zip(enqueue_batch(database_url, batch), batch, strict=True))
             wait_for(lambda: idle(db), 30)
+            if n + 1 >= BATCHES and LEFT_LINE in procs["A"][1].read_text():
+                break
+        batches = n + 1
         # Once the queue is idle, a name neither release handles ends at once.
         [late_typo] = enqueue_batch(database_url, ("up.Typo",))
         enqueued = time.monotonic()
@@ -106,7 +112,7 @@ def test_an_older_worker_leaves_the_newer_releases_jobs_to_it(db, database_url, 
     new = [i for i, name in names.items() if name == "up.New"]
     old = [i for i, name in names.items() if name == "up.Old"]
     typos = [i for i, name in names.items() if name == "up.Typo"] + [late_typo]
-    assert len(new) == 20
+    assert len(new) == 2 * batches
     assert ended(db, new) == [("ok", 1)] * len(new)
     assert ended(db, old) == [("ok", 1)] * len(old)
     for said, attempts in ended(db, typos):
@@ -119,7 +125,8 @@ def test_an_older_worker_leaves_the_newer_releases_jobs_to_it(db, database_url, 
     if concurrency == 1:
         # FIFO: nothing behind a job given back ran before it.
         assert [job_id for _, job_id in started] == sorted(new + old)
-    # A did claim up.New jobs and gave them back, and said so once.
+    # A did claim up.New jobs and gave them back, and said so once (within
+    # MAX_BATCHES races: losing them all would be a fault, not chance).
     assert left_lines == 1
 
 
