@@ -24,7 +24,8 @@ from lib.greenlets import hub_watch  # noqa: E402
 from lib.greenlets.backoff import Backoff  # noqa: E402
 from lib.greenlets.supervise import Supervisor  # noqa: E402
 from lib.operate import overview, queue_state, setup_check  # noqa: E402
-from lib.operate.queue_state import AUTH_PREFIX, pause, resume  # noqa: E402
+from lib.operate.queue_state import pause, resume  # noqa: E402
+from lib.run.api_queue import AUTH_PREFIX  # noqa: E402
 from lib.run.poller import Poller  # noqa: E402
 from lib.run.queue import Queue  # noqa: E402
 from lib.run.runtime import Runtime  # noqa: E402
@@ -41,8 +42,7 @@ from lib.store.wakeups import Listener  # noqa: E402
 if TYPE_CHECKING:
     from argparse import Namespace
 
-    from lib.http.health import Starting
-    from lib.http.httpd import HttpServer
+    from lib.http.httpd import Starting
 
 log = logging.getLogger("jobs.worker")
 
@@ -125,7 +125,7 @@ def _start(url: str, size: int, registry: Registry, settings: Settings, schedule
     supervisor = Supervisor(stop)
     for signum in (signal.SIGTERM, signal.SIGINT):
         gevent.signal_handler(signum, stop.set)
-    starting, http = _serve_starting(settings, supervisor)
+    starting = _serve_starting(settings, supervisor)
     try:
         db = _connect_at_start(url, size, settings.pooled, stop, starting)
         if db is None:
@@ -136,7 +136,7 @@ def _start(url: str, size: int, registry: Registry, settings: Settings, schedule
             _say_pooler(db, settings)
             migrate(db)
             _starting(starting, "starting: building the queues")
-            return run(db, registry, settings, schedule=schedule, stop=stop, supervisor=supervisor, http=http)
+            return run(db, registry, settings, schedule=schedule, stop=stop, supervisor=supervisor, starting=starting)
         except SettingError as exc:  # one only the registry can tell (JOBS_QUEUES, a constructor that raises)
             print(f"worker: {exc}", file=sys.stderr)
             return 2
@@ -147,21 +147,19 @@ def _start(url: str, size: int, registry: Registry, settings: Settings, schedule
         gevent.killall(list(supervisor.greenlets.values()))
 
 
-def _serve_starting(settings: Settings, supervisor: Supervisor) -> "tuple[Starting | None, HttpServer | None]":
+def _serve_starting(settings: Settings, supervisor: Supervisor) -> "Starting | None":
     """The HTTP server, started under the supervisor with the app that says
-    the worker is starting (run() gives it the worker's own), and what it
-    says; none when JOBS_HTTP_ADDR is off."""
+    the worker is starting, until run() hands it the worker's own; None when
+    JOBS_HTTP_ADDR is off."""
     if settings.http_addr is None:
-        return None, None
+        return None
     # Only here: the endpoints load prometheus-client, which a worker that
     # serves none does without (lib/setup/counters.py).
-    from lib.http.health import Starting
-    from lib.http.httpd import HttpServer, starting_app
+    from lib.http.httpd import HttpServer, Starting
 
     starting = Starting()
-    http = HttpServer(settings.http_addr, starting_app(starting))
-    supervisor.spawn("http", http.serve)
-    return starting, http
+    supervisor.spawn("http", HttpServer(settings.http_addr, starting).serve)
+    return starting
 
 
 # One try at the database gets this long, its connect and first statement
@@ -210,7 +208,7 @@ def _connect_once(url: str, size: int, pooled: bool, command: str) -> DB | None:
 def _starting(starting: "Starting | None", state: str) -> None:
     """What /healthz says while the worker starts (nothing without HTTP)."""
     if starting is not None:
-        starting.state = state
+        starting.say(state)
 
 
 def _connect_at_start(url: str, size: int, pooled: bool, stop: Event, starting: "Starting | None") -> DB | None:
@@ -348,13 +346,13 @@ def run(
     schedule: Sequence[Scheduled] = (),
     stop: Event | None = None,
     supervisor: Supervisor | None = None,
-    http: "HttpServer | None" = None,
+    starting: "Starting | None" = None,
 ) -> int:
     """One supervised greenlet per poller slot, and the listener, the lease
     keeper, the clock and the HTTP endpoints (at settings.http_addr; None:
     none), until SIGTERM/SIGINT (or stop); then stop claiming, give running
-    jobs the shutdown window, and write off the rest. http: the server
-    already started (main's, under this supervisor), to serve the worker's app."""
+    jobs the shutdown window, and write off the rest. starting: the app of the
+    HTTP server already started (main's, under this supervisor), to hand the worker's app to."""
     refuse_fork()  # a handler's fork would clone the whole worker (lib/store/forks.py)
     stop = stop or Event()
     supervisor = supervisor or Supervisor(stop)
@@ -427,11 +425,10 @@ def run(
             stop=stop,
             outage=outage,
         )
-        if http is None:
-            http = httpd.HttpServer(settings.http_addr, app)
-            supervisor.spawn("http", http.serve)
+        if starting is None:
+            supervisor.spawn("http", httpd.HttpServer(settings.http_addr, app).serve)
         else:
-            http.app = app  # the server main started, saying the worker was starting
+            starting.started(app)
         helpers.append(supervisor.greenlets["http"])
     elif settings.admin_token:
         log.warning("JOBS_ADMIN_TOKEN is set but JOBS_HTTP_ADDR is off: there is no admin page")

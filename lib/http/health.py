@@ -1,5 +1,5 @@
-"""What /healthz and /readyz say: before the worker has its database
-(Starting), and after (Health: migrations applied, listener connected)."""
+"""What /healthz and /readyz say once the worker has its database:
+migrations applied, listener connected (before, lib/http/httpd.py's Starting)."""
 
 from __future__ import annotations
 
@@ -59,11 +59,3 @@ class Health:
         first = (str(exc).strip().splitlines() or [""])[0]
         # libpq's messages name the host, not the password; masked all the same.
         return one_line(mask_secret(f"{type(exc).__name__}: {first}"[:300], self.db.dsn))
-
-
-class Starting:
-    """What /healthz and /readyz say before the worker has its database:
-    `state`, set by the worker as its start goes on."""
-
-    def __init__(self, state: str = "starting: connecting to the database") -> None:
-        self.state = state

@@ -5,8 +5,8 @@ loop: /metrics (Prometheus), /healthz, /readyz, and the admin page under
 The server is one supervised part of the worker. One that cannot bind (the
 port is taken: another worker on the host) says so once and tries again
 quietly; the worker runs on without its endpoints meanwhile. It may start
-before the worker has its database, serving starting_app until the worker's
-own app takes its place.
+before the worker has its database, serving Starting, which hands every
+request to the worker's own app once there is one.
 
 No client can take the descriptors the worker's own parts need (its pool,
 listener and lease connections, its jobs' sockets): a request head has a
@@ -28,7 +28,7 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 
 from lib.http import metrics
 from lib.http.connections import HEAD_TIMEOUT, MAX_CONNECTIONS, CappedServer
-from lib.http.health import Health, Starting
+from lib.http.health import Health
 from lib.http.web import App, Environ, Request, StartResponse, text
 from lib.operate import overview
 from lib.setup.errors import capture
@@ -44,17 +44,28 @@ STOP_TIMEOUT = 2.0
 BIND_RETRY = 30.0
 
 
-def starting_app(starting: Starting) -> App:
-    """The app served before the worker has its database. /healthz answers
-    200 (the process is alive and doing what it should: waiting), with the
-    state; every other page is 503 with the state, as nothing can be read yet."""
+class Starting:
+    """The app the server starts with, before the worker has its database:
+    /healthz answers 200 (the process is alive and doing what it should:
+    waiting) with the state the worker says, every other page 503 with it,
+    as nothing can be read yet. Once the worker hands over its own app
+    (`started`), that app answers every request."""
 
-    def app(environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
-        if Request(environ).path == "/healthz":
-            return text(200, starting.state)(environ, start_response)
-        return text(503, starting.state)(environ, start_response)
+    def __init__(self, state: str = "starting: connecting to the database") -> None:
+        self.state = state
+        self._worker_app: App | None = None
 
-    return app
+    def say(self, state: str) -> None:
+        self.state = state
+
+    def started(self, app: App) -> None:
+        self._worker_app = app
+
+    def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
+        if self._worker_app is not None:
+            return self._worker_app(environ, start_response)
+        status = 200 if Request(environ).path == "/healthz" else 503
+        return text(status, self.state)(environ, start_response)
 
 
 def make_app(health: Health, registry: CollectorRegistry, *, admin: App | None = None) -> App:
@@ -112,7 +123,6 @@ class HttpServer:
         bind_retry: float | None = None,
     ) -> None:
         self.addr = addr
-        # Read at each request: the worker swaps starting_app for its own once it has its database.
         self.app = app
         self.bind_retry = BIND_RETRY if bind_retry is None else bind_retry
         self.head_timeout = head_timeout
@@ -138,7 +148,7 @@ class HttpServer:
             return
         server = CappedServer(
             listener,
-            self._dispatch,
+            self.app,
             head_timeout=self.head_timeout,
             max_connections=self.max_connections,
             # Else gevent asks the resolver for the address's name (a reverse
@@ -159,9 +169,6 @@ class HttpServer:
         finally:
             self.serving.clear()
             server.stop(timeout=STOP_TIMEOUT)
-
-    def _dispatch(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
-        return self.app(environ, start_response)
 
     def _bind(self, stop: Event) -> socket.socket | None:
         """The listening socket; while the address cannot be bound, one
