@@ -14,10 +14,14 @@ import socket
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from lib.operate.overview import ALIVE_PERIODS
 from lib.store.sql import Q
 
 log = logging.getLogger("jobs.workers")
+
+# A worker refreshes its row at least once a lease (every third of one while
+# it runs jobs); one unseen for this many of its leases (three refreshes
+# missed) is taken for dead.
+ALIVE_PERIODS = 3.0
 
 # A worker unseen this long is gone (a host that was cut off for a day writes
 # its row again at its next refresh).

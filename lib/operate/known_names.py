@@ -13,7 +13,7 @@ import difflib
 from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
-from lib.operate.overview import ALIVE_PERIODS
+from lib.background.worker_registry import ALIVE_PERIODS
 from lib.store.sql import Q
 
 # An unknown name's line lists at most this many known ones when none is near it.

@@ -12,16 +12,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from lib.background.worker_registry import ALIVE_PERIODS
 from lib.job import status
 from lib.store.sql import Q
 
 # The outcomes counted, in the order they are shown.
 OUTCOMES = (status.Kind.OK, status.Kind.FAIL, status.Kind.SKIP, status.Kind.ERR)
-
-# A worker refreshes its row at least once a lease (every third of one while
-# it runs jobs); one unseen for this many of its leases (three refreshes
-# missed) is taken for dead.
-ALIVE_PERIODS = 3.0
 
 
 @dataclass(frozen=True)

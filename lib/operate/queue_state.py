@@ -12,10 +12,6 @@ from lib.store.sql import Q
 
 log = logging.getLogger("jobs.queue_state")
 
-# Pauses the worker takes by itself after an API rejected a token; a worker
-# that starts (after the token was fixed) ends them.
-AUTH_PREFIX = "auth: "
-
 
 def pause(db: Any, queue: str, reason: str, until: datetime | None = None) -> None:
     """No worker claims the queue's jobs until `until` (None: until resumed)."""

@@ -78,11 +78,6 @@ BREAKS: dict[tuple[str, str], str] = {
     ("lib/setup/parsers.py", "psycopg2"): "parse_dsn, to check DATABASE_URL when the settings are read",
     ("lib/setup/dsn.py", "psycopg2"): "parse_dsn, to find the password of a database URL",
     ("lib/background/leases.py", "psycopg2"): "the heartbeat's own connection, in a native thread",
-    ("lib/background/worker_registry.py", "lib.operate.overview"): "ALIVE_PERIODS, the status command's rule for alive",
-    (
-        "lib/run/api_queue.py",
-        "lib.operate.queue_state",
-    ): "AUTH_PREFIX, the reason a pause for a refused credential carries",
 }
 
 
