@@ -82,11 +82,12 @@ def literal(value: Any) -> bytes | None:
     return None
 
 
-def array_literal(values: list[Any]) -> str:
-    """A Postgres array literal of ints, floats, strings and Nones, for the
-    statement to cast (job_step's %(...)s::bigint[] and so on): the driver
-    then quotes one string per column instead of adapting each of a batch's
-    values (docs/performance.md). A NUL character still raises the driver's
+def array_text(values: list[Any]) -> str:
+    """A batch's column of ints, floats, strings and Nones as the text
+    Postgres's array input reads, for the statement to cast (jobs_step's
+    %(...)s::bigint[] and so on). It is a string like any other, which bind
+    writes as its literal: the driver then adapts no value of the batch
+    (docs/performance.md). A NUL character still raises the driver's
     ValueError when it quotes the column."""
     return "{" + ",".join([_element(v) for v in values]) + "}"
 

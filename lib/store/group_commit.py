@@ -30,7 +30,7 @@ from gevent.event import AsyncResult
 
 from lib.greenlets.deadline import Deadline, Expired
 from lib.greenlets.standby import Standby
-from lib.store.binding import array_literal
+from lib.store.binding import array_text
 from lib.store.db import DB, NoReply, Row, Unsendable, is_server_error
 from lib.store.sql import Q
 
@@ -179,8 +179,8 @@ def batch_step(asks: list[Ask]) -> tuple[str, dict[str, str]]:
     """The statement for several asks, each field a column of the batch: jobs_step."""
     outcomes = [a.outcome for a in asks if a.outcome is not None]
     claims = [a.claim for a in asks if a.claim is not None]
-    params = {name: array_literal([o[k] for o in outcomes]) for name, k in _OUTCOME}
-    params.update({name: array_literal([c[k] for c in claims]) for name, k in _CLAIM})
+    params = {name: array_text([o[k] for o in outcomes]) for name, k in _OUTCOME}
+    params.update({name: array_text([c[k] for c in claims]) for name, k in _CLAIM})
     return Q.job_step, params
 
 

@@ -19,7 +19,7 @@ from lib.run.outcome import Outcome
 from lib.run.queue import Queue
 from lib.run.runtime import Runtime
 from lib.setup.settings import Settings
-from lib.store.binding import array_literal
+from lib.store.binding import array_text
 from lib.store.db import DB, NoReply
 from lib.store.group_commit import Ask, lone_step
 from lib.store.wakeups import Listener
@@ -396,7 +396,7 @@ def test_an_outcome_the_driver_cannot_send_fails_alone(db, runtime):
 
 
 def test_a_batch_column_reaches_the_server_as_it_was(db):
-    """The committer sends each column as one array literal: every value,
+    """The committer sends each column as one array text: every value,
     NULL and the text "NULL", quotes, backslashes, commas and braces among
     them, arrives as itself; a NUL is still the driver's ValueError."""
     texts = ['a"b', "c\\d", None, "", "x,y", "{}", "NULL", " padded ", "ünï\u2028"]
@@ -404,10 +404,10 @@ def test_a_batch_column_reaches_the_server_as_it_was(db):
     ints = [1, None, 2**62, -7]
     row = db.query_row(
         "SELECT %(t)s::text[], %(f)s::float8[], %(i)s::bigint[], %(e)s::int[]",
-        {"t": array_literal(texts), "f": array_literal(floats), "i": array_literal(ints), "e": array_literal([])},
+        {"t": array_text(texts), "f": array_text(floats), "i": array_text(ints), "e": array_text([])},
     )
     assert row == (texts, floats, ints, [])
     with pytest.raises(ValueError):
-        db.query_row("SELECT %(t)s::text[]", {"t": array_literal(["a\x00b"])})
+        db.query_row("SELECT %(t)s::text[]", {"t": array_text(["a\x00b"])})
     with pytest.raises(TypeError):
-        array_literal([True])
+        array_text([True])
