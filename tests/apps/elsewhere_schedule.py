@@ -3,6 +3,7 @@
 import os
 
 from lib.background.clock import Scheduled, daily, every
+from lib.background.cron import cron
 
 SETUP = os.environ.get("ELSEWHERE_SETUP", "ok")
 
@@ -11,3 +12,5 @@ if SETUP == "duplicate":
     SCHEDULE.append(Scheduled("elsewhere", "elsewhere.Echo", daily(4, 0), args={"text": "nightly"}))
 if SETUP == "every7":
     SCHEDULE.append(Scheduled("elsewhere", "elsewhere.Echo", every(7), args={"text": "often"}))
+if SETUP == "badcron":
+    SCHEDULE.append(Scheduled("elsewhere", "elsewhere.Echo", cron("0 25 * * *"), args={"text": "never"}))

@@ -7,6 +7,7 @@ refuses and `check` must catch (the schedule is elsewhere_schedule.py's):
   ok         no mistake, and no schedule (the default)
   duplicate  a schedule entry listed twice
   every7     a cadence that does not divide the hour, every(7)
+  badcron    a cron string with an hour of 25
   space      a handler's name with a stray space
 """
 
@@ -50,5 +51,5 @@ if __name__ == "__main__":
     # module is imported, which the worker then reports (lib/operate/setup_check.py).
     from lib.operate import setup_check
 
-    schedule = setup_check.loader("elsewhere_schedule") if SETUP in ("duplicate", "every7") else ()
+    schedule = setup_check.loader("elsewhere_schedule") if SETUP in ("duplicate", "every7", "badcron") else ()
     sys.exit(worker.main([make_elsewhere], schedule=schedule))

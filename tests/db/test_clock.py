@@ -1,12 +1,12 @@
 import logging
 import time
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 import gevent
 import psycopg2
 import pytest
 from gevent.event import Event
-from tests_support import FakeTime, at, count_jobs
+from tests_support import FakeTime, at, count_jobs, wait_for
 
 from lib.background.clock import (
     FIRE_LOCK_TIMEOUT,
@@ -295,3 +295,32 @@ def test_an_entry_whose_tick_another_transaction_holds_fails_alone_in_time(clock
     assert len(ids) == 1
     assert FIRE_LOCK_TIMEOUT <= took < FIRE_LOCK_TIMEOUT + 5
     assert [r.getMessage().split(" err: ")[0] for r in caplog.records] == ["clock job=caches.Age queue=caches"]
+
+
+def test_a_cron_entry_fires_once_a_minute_across_three_replicas_on_the_real_clock(clock_db, database_url):
+    """Three clocks, each on a pool of its own as three worker processes have,
+    run by the real clock through two minute boundaries: `* * * * *` fires
+    once each minute. The clocks' time is the real time moved on to two
+    seconds before a minute, so the test waits one minute, not up to two."""
+    from lib.background.cron import cron
+
+    real = datetime.now(UTC)
+    shift = real.replace(second=58, microsecond=0) - real
+    entry = Scheduled("q", "q.EveryMinute", cron("* * * * *"))
+    pools = [DB.connect(database_url, size=1) for _ in range(3)]
+    stop = Event()
+    replicas = [gevent.spawn(Clock(pool, [entry], now=lambda: datetime.now(UTC) + shift).run, stop) for pool in pools]
+    try:
+        first = (real + shift).replace(second=0) + timedelta(minutes=1)
+        wait_for(lambda: ticks(clock_db, entry.name) == [first], timeout=30)
+        finish_all(clock_db)  # done, so the next minute's copy is not held back
+        wait_for(lambda: ticks(clock_db, entry.name) == [first, first + timedelta(minutes=1)], timeout=75)
+        time.sleep(2)  # every replica's tick of that minute is over
+        assert not any(r.dead for r in replicas)
+    finally:
+        stop.set()
+        gevent.joinall(replicas, timeout=10)
+        for pool in pools:
+            pool.close()
+    assert clock_db.query("SELECT callsite, count(*) FROM jobs GROUP BY callsite") == [("clock:q.EveryMinute", 2)]
+    assert ticks(clock_db, entry.name) == [first, first + timedelta(minutes=1)]

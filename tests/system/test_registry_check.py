@@ -315,8 +315,12 @@ ELSEWHERE = ROOT / "tests" / "apps" / "elsewhere_worker.py"
         ),
         (
             "every7",
-            "worker: schedule (tests/apps/elsewhere_schedule.py:13): ValueError: every(7):"
+            "worker: schedule (tests/apps/elsewhere_schedule.py:14): ValueError: every(7):"
             " use a divisor of 60, or a multiple of 60 that divides 1440",
+        ),
+        (
+            "badcron",
+            "worker: schedule (tests/apps/elsewhere_schedule.py:16): ValueError: cron('0 25 * * *'): Bad hour",
         ),
         (
             "space",
