@@ -377,9 +377,10 @@ def run(
     )
     # What the worker's pollers share: its lease keeper, its group commit,
     # its outage report, its writers.
+    committer = Committer(db)
     runtime = Runtime(
         leases,
-        Committer(db),
+        committer,
         outage=outage,
         poll_interval=settings.queue_poll_interval(listening=listen_url is not None),
     )
@@ -422,6 +423,7 @@ def run(
             queues=[p.queue for p in pollers],
             listener=listener,
             supervisor=supervisor,
+            committer=committer,
             stop=stop,
             outage=outage,
         )

@@ -210,11 +210,12 @@ def worker_app(
     queues: Iterable[str],
     listener: Any,
     supervisor: Any,
+    committer: Any,
     stop: Event,
     outage: Any,
 ) -> App:
     """The app over a running worker's own objects: its pool, listener,
-    supervisor and queues (shown even while they have no rows)."""
+    supervisor, group commit and queues (shown even while they have no rows)."""
     queues = sorted(set(queues))
     registry = metrics.registry(
         db,
@@ -222,6 +223,7 @@ def worker_app(
         queues=queues,
         listener=listener,
         supervisor=supervisor,
+        committer=committer,
         outage=outage,
         conn_failure=is_conn_failure,
     )

@@ -108,13 +108,15 @@ def _kind(status: str) -> str:
 
 
 class StateCollector(Collector):
-    """The pool, the listener and the supervisor's restarts, read at each scrape.
-    Each source is optional: a test may serve metrics without a worker."""
+    """The pool, the listener, the supervisor's restarts and the group
+    commit's round trips, read at each scrape. Each source is optional: a
+    test may serve metrics without a worker."""
 
-    def __init__(self, db: Any = None, listener: Any = None, supervisor: Any = None) -> None:
+    def __init__(self, db: Any = None, listener: Any = None, supervisor: Any = None, committer: Any = None) -> None:
         self.db = db
         self.listener = listener
         self.supervisor = supervisor
+        self.committer = committer
 
     def collect(self) -> Iterator[Metric]:
         if self.db is not None:
@@ -134,6 +136,19 @@ class StateCollector(Collector):
             for part, n in sorted(self.supervisor.restarts.items()):
                 restarts.add_metric([part], n)
             yield restarts
+        if self.committer is not None:
+            # Asks over round trips: how many outcomes and claims each round
+            # trip carries, the group commit's whole point under load.
+            yield CounterMetricFamily(
+                "jobs_group_commit_round_trips",
+                "Round trips (one transaction each) that carried this process's outcomes and claims.",
+                value=self.committer.batches,
+            )
+            yield CounterMetricFamily(
+                "jobs_group_commit_asks",
+                "Outcomes and claims this process sent, each alone or in a round trip with others.",
+                value=self.committer.asks,
+            )
 
 
 Stats = Callable[[Any, Iterable[str]], Sequence[Any]]
@@ -223,6 +238,7 @@ def registry(
     queues: Iterable[str] = (),
     listener: Any = None,
     supervisor: Any = None,
+    committer: Any = None,
     outage: Outage | None = None,
     conn_failure: Callable[[BaseException], bool] = lambda exc: False,
 ) -> CollectorRegistry:
@@ -231,7 +247,7 @@ def registry(
     reg = CollectorRegistry()
     for metric in _EVENTS:
         reg.register(metric)
-    reg.register(StateCollector(db, listener, supervisor))
+    reg.register(StateCollector(db, listener, supervisor, committer))
     if db is not None and stats is not None:
         reg.register(QueueCollector(db, stats, queues, outage=outage, conn_failure=conn_failure))
     return reg

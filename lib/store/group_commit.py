@@ -74,7 +74,7 @@ class Committer:
         self._sender = Standby(self._drain, lambda: bool(self._asks))
         # One batch is on its way at a time, so one deadline serves them all.
         self._deadline = Deadline(timeout)
-        self.batches = 0  # round trips sent, and the asks they carried: for tests and benchmarks
+        self.batches = 0  # round trips sent, and the asks they carried (/metrics)
         self.asks = 0
 
     def send(self, outcome: dict[str, Any] | None, claim: dict[str, Any] | None) -> Reply:

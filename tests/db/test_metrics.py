@@ -181,6 +181,28 @@ def test_this_processes_counters_follow_the_jobs_it_ran(db):
     assert delta("jobs_pool_checkout_wait_seconds_count") > 0
 
 
+def test_the_group_commits_round_trips_and_asks_are_counted(db):
+    """Each outcome and claim sent is an ask, and a round trip carries one or
+    more: both counted from the group commit of the worker's pollers."""
+    poller = make_poller("grouped", db, {"grouped.N": lambda job: "ok"})
+    registry = metrics.registry(db, committer=poller.completer)
+    with serving(make_app(Health(db), registry)) as base:
+        before = scrape(base)
+        for _ in range(3):
+            insert(db, "grouped", "grouped.N", {})
+        while poller.work_once() is not None:
+            pass
+        after = scrape(base)
+
+    def delta(name: str) -> float:
+        return value(after, name) - value(before, name)
+
+    # Three outcomes, and the claims before them.
+    assert delta("jobs_group_commit_asks_total") >= 6
+    assert 0 < delta("jobs_group_commit_round_trips_total") <= delta("jobs_group_commit_asks_total")
+    assert value(after, "jobs_group_commit_asks_total") == poller.completer.asks
+
+
 def test_rescues_restarts_pool_and_listener(db, database_url):
     _plant(db, "lost", "started", 2, worker_id="'gone'", slot="i", lease_until="now() - interval '1 minute'")
     stop = Event()
