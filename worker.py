@@ -20,6 +20,7 @@ from gevent.event import Event  # noqa: E402
 from lib.background import dedupe, worker_registry  # noqa: E402
 from lib.background.clock import Clock, Scheduled  # noqa: E402
 from lib.background.leases import Leases, new_worker_id  # noqa: E402
+from lib.background.rollup import Rollup  # noqa: E402
 from lib.greenlets import hub_watch  # noqa: E402
 from lib.greenlets.backoff import Backoff  # noqa: E402
 from lib.greenlets.supervise import Supervisor  # noqa: E402
@@ -412,6 +413,7 @@ def run(
         helpers.append(supervisor.spawn("listener", listener.run))
     if schedule:
         helpers.append(supervisor.spawn("clock", Clock(db, list(schedule)).run))
+    helpers.append(supervisor.spawn("rollup", Rollup(db, outage=outage).run))
     if settings.http_addr is not None:
         # Only here: the endpoints load prometheus-client, which a worker that
         # serves none does without (lib/setup/counters.py).

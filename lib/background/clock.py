@@ -167,6 +167,31 @@ def utc_now() -> datetime:
     return datetime.now(UTC)
 
 
+def each_minute(tick: Callable[[datetime], object], stop: Event, now: Callable[[], datetime], what: str) -> None:
+    """tick(minute) at each minute boundary until stop is set. A loop that
+    wakes late (a suspended VM, a starved hub) ticks the minute it woke in;
+    the minutes between are missed, as if it had been down."""
+    minute = floor_minute(now())
+    while not stop.is_set():
+        minute += MINUTE
+        while (delay := (minute - now()).total_seconds()) > 0:
+            if delay > 2 * MINUTE.total_seconds():
+                # The wall clock stepped back: wait for the next minute of the new time.
+                minute = floor_minute(now()) + MINUTE
+                continue
+            if stop.wait(delay):
+                return
+        woke = floor_minute(now())
+        if woke > minute:
+            log.warning("%s woke at %s, late for %s; the minutes between are not replayed", what, woke, minute)
+            minute = woke
+        try:
+            tick(minute)
+        except Exception as exc:  # a bug in tick itself must not stop the loop
+            log.exception("%s tick %s failed", what, minute)
+            capture(exc, message=f"{what} tick")
+
+
 class Clock:
     def __init__(self, db: DB, schedule: Iterable[Scheduled], *, now: Callable[[], datetime] = utc_now) -> None:
         self.db = db
@@ -179,28 +204,8 @@ class Clock:
         self._pruned: datetime | None = None
 
     def run(self, stop: Event) -> None:
-        """Tick at each minute boundary until stop is set. A clock that wakes
-        late (a suspended VM, a starved hub) ticks the minute it woke in; the
-        minutes between are missed, as if the clock had been down."""
-        minute = floor_minute(self.now())
-        while not stop.is_set():
-            minute += MINUTE
-            while (delay := (minute - self.now()).total_seconds()) > 0:
-                if delay > 2 * MINUTE.total_seconds():
-                    # The wall clock stepped back: wait for the next minute of the new time.
-                    minute = floor_minute(self.now()) + MINUTE
-                    continue
-                if stop.wait(delay):
-                    return
-            woke = floor_minute(self.now())
-            if woke > minute:
-                log.warning("clock woke at %s, late for %s; the minutes between are not replayed", woke, minute)
-                minute = woke
-            try:
-                self.tick(minute)
-            except Exception as exc:  # a bug in tick itself must not stop the clock
-                log.exception("clock tick %s failed", minute)
-                capture(exc, message="clock tick")
+        """Tick at each minute boundary until stop is set."""
+        each_minute(self.tick, stop, self.now, "clock")
 
     def tick(self, minute: datetime) -> list[int]:
         """Enqueue the entries due at this minute (and owed catch-ups); the ids
