@@ -1,4 +1,12 @@
--- Named queries of the admin page (lib/http/admin) on the jobs table, read-only.
+-- Named queries of the admin page (lib/http/admin) on the jobs table.
+--
+-- The jobs list and its counts take every filter as a parameter that may be
+-- NULL, and are planned for their values ("-- plan: custom"): the server then
+-- folds away each filter left NULL and each state not asked for, and what is
+-- left is the bare predicate a partial index was built for (status =
+-- 'pending', 'started', starts_with(status, 'err: '), status NOT IN
+-- ('pending', 'started')) or `args @> <jsonb>` that jobs_args (migration 023)
+-- serves. A generic plan would keep the ORs and could use none of them.
 
 -- name: job_failed_list
 -- The newest failed (err:) jobs, optionally of one queue and one name, read newest first through jobs_failed, or jobs_failed_queue for a queue (their predicate is this one), so the cost is bounded by the failures kept, not by every finished row.
@@ -10,3 +18,71 @@ WHERE starts_with(status, 'err: ')
   AND (%(name)s::text IS NULL OR name = %(name)s)
 ORDER BY finished_at DESC
 LIMIT %(limit)s
+
+-- name: admin_job_list
+-- One page of the jobs list, newest (highest id) first, below the cursor id before; filtered by state, queue, exact name, name prefix, args containment (served by jobs_args) and created_at range; each row with the state it shows.
+-- plan: custom
+SELECT id, queue, name, status, attempts, max_attempts, run_at, created_at, started_at, finished_at,
+       CASE WHEN status = 'pending' AND attempts > 0 AND last_error IS NOT NULL THEN 'retrying'
+            WHEN status = 'pending' AND run_at > now() THEN 'scheduled'
+            WHEN status = 'pending' THEN 'pending'
+            WHEN status = 'started' THEN 'running'
+            ELSE split_part(status, ': ', 1) END AS state
+FROM jobs
+WHERE (%(before)s::bigint IS NULL OR id < %(before)s::bigint)
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+  AND (%(name)s::text IS NULL OR name = %(name)s::text)
+  AND (%(prefix)s::text IS NULL OR starts_with(name, %(prefix)s::text))
+  AND (%(args)s::jsonb IS NULL OR args @> %(args)s::jsonb)
+  AND (%(since)s::timestamptz IS NULL OR created_at >= %(since)s::timestamptz)
+  AND (%(until)s::timestamptz IS NULL OR created_at < %(until)s::timestamptz)
+  AND (%(state)s::text IS NULL
+    OR (%(state)s::text = 'pending' AND status = 'pending')
+    OR (%(state)s::text = 'scheduled' AND status = 'pending' AND run_at > now())
+    OR (%(state)s::text = 'retrying' AND status = 'pending' AND attempts > 0 AND last_error IS NOT NULL)
+    OR (%(state)s::text = 'running' AND status = 'started')
+    OR (%(state)s::text IN ('failed', 'err') AND starts_with(status, 'err: '))
+    OR (%(state)s::text = 'done' AND status NOT IN ('pending', 'started'))
+    OR (%(state)s::text = 'ok' AND status NOT IN ('pending', 'started') AND (status = 'ok' OR starts_with(status, 'ok: ')))
+    OR (%(state)s::text = 'fail' AND status NOT IN ('pending', 'started') AND starts_with(status, 'fail: '))
+    OR (%(state)s::text = 'skip' AND status NOT IN ('pending', 'started') AND starts_with(status, 'skip: ')))
+-- Newest first by the primary key, except under an args search: there the
+-- planner, sure the key read backwards meets a match soon, would read every
+-- row to find a rare customer's few; "id + 0" has no index order, so it
+-- reads the matches through jobs_args and sorts those. Folded for the values.
+ORDER BY CASE WHEN %(args)s::jsonb IS NULL THEN id ELSE id + 0 END DESC
+LIMIT %(limit)s::int
+
+-- name: admin_job_count
+-- How many jobs one state of the jobs list holds under its other filters, counted up to cap rows and no further, so a count never reads millions of rows.
+-- plan: custom
+SELECT count(*)::int FROM (
+  SELECT 1
+  FROM jobs
+  WHERE (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+    AND (%(name)s::text IS NULL OR name = %(name)s::text)
+    AND (%(prefix)s::text IS NULL OR starts_with(name, %(prefix)s::text))
+    AND (%(args)s::jsonb IS NULL OR args @> %(args)s::jsonb)
+    AND (%(since)s::timestamptz IS NULL OR created_at >= %(since)s::timestamptz)
+    AND (%(until)s::timestamptz IS NULL OR created_at < %(until)s::timestamptz)
+    AND (%(state)s::text IS NULL
+      OR (%(state)s::text = 'pending' AND status = 'pending')
+      OR (%(state)s::text = 'scheduled' AND status = 'pending' AND run_at > now())
+      OR (%(state)s::text = 'retrying' AND status = 'pending' AND attempts > 0 AND last_error IS NOT NULL)
+      OR (%(state)s::text = 'running' AND status = 'started')
+      OR (%(state)s::text IN ('failed', 'err') AND starts_with(status, 'err: '))
+      OR (%(state)s::text = 'done' AND status NOT IN ('pending', 'started'))
+      OR (%(state)s::text = 'ok' AND status NOT IN ('pending', 'started') AND (status = 'ok' OR starts_with(status, 'ok: ')))
+      OR (%(state)s::text = 'fail' AND status NOT IN ('pending', 'started') AND starts_with(status, 'fail: '))
+      OR (%(state)s::text = 'skip' AND status NOT IN ('pending', 'started') AND starts_with(status, 'skip: ')))
+  LIMIT %(cap)s::int
+) AS capped
+
+-- name: admin_job_run_now
+-- Make a scheduled job (pending, run_at in the future) due now and wake its queue's pollers, which may be asleep until the old run_at; the id when it was one.
+WITH moved AS (
+  UPDATE jobs SET run_at = now()
+  WHERE id = %(id)s::bigint AND status = 'pending' AND run_at > now()
+  RETURNING id, queue
+)
+SELECT id, pg_notify('jobs', queue) FROM moved

@@ -1,23 +1,28 @@
 """The admin page over HTTP: the token on every request, the session cookie,
-CSRF on every state-changing POST, and the actions' effects on the rows.
-The same page in a real browser is tests/system/test_admin_browser.py."""
+CSRF on every state-changing POST, and the actions' effects on the rows;
+the jobs list (filters, pages, counts, search) and one job's page with its
+actions. The same page in a real browser is tests/system/test_admin_browser.py."""
 
+import html
+import json
+import logging
 import re
 from contextlib import contextmanager
 
 import pytest
 import requests
-from factory import make_job
+from factory import ago, later, make_job
 from http_support import serving
 from proxy import Proxy
 
 import lib.http.admin
 from lib.http import metrics
-from lib.http.admin import Admin
+from lib.http.admin import Admin, jobs
 from lib.http.health import Health
 from lib.http.httpd import make_app
 from lib.operate import overview
 from lib.store.db import DB
+from lib.store.sql import Q
 
 TOKEN = "admin-" + "t0ken" * 5
 
@@ -205,3 +210,316 @@ def test_a_page_asked_while_the_database_is_down_is_a_503_not_a_report(database_
         db.close()
         proxy.close()
     assert sentry_events == []
+
+
+# -- the jobs list
+
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+XSS = "<img src=x onerror=alert(1)>\"'&"
+
+
+def listed(base: str, query: str = "", **params: str) -> list[int]:
+    """The ids the jobs list shows, in its order."""
+    answer = requests.get(f"{base}/admin/jobs{query}", params=params, headers=AUTH, timeout=10)
+    assert answer.status_code == 200, answer.text
+    return [int(i) for i in re.findall(r'<tr data-id="(\d+)"', answer.text)]
+
+
+def plant_states(db) -> dict[str, int]:
+    """One job in each state the list tells apart, oldest first."""
+    return {
+        "pending": make_job(db, "mail", "mail.Send").id,
+        "scheduled": make_job(db, "mail", "mail.Send", run_at=later(hours=1)).id,
+        "retrying": make_job(
+            db, "mail", "mail.Send", attempts=1, last_error="err: Timeout", run_at=later(minutes=1)
+        ).id,
+        # Back after a snooze: attempted, but nothing failed.
+        "snoozed": make_job(db, "mail", "mail.Send", attempts=1, run_at=later(minutes=5)).id,
+        "running": make_job(db, "sms", "sms.Send", status="started").id,
+        "err": make_job(db, "sms", "sms.Send", status="err: RuntimeError: boom").id,
+        "ok": make_job(db, "sms", "sms.Send", status="ok").id,
+        "ok_detail": make_job(db, "mail", "mail.Bounce", status="ok: sent").id,
+        "fail": make_job(db, "mail", "mail.Bounce", status="fail: no such mailbox").id,
+        "skip": make_job(db, "mail", "mail.Bounce", status="skip: nothing to send").id,
+    }
+
+
+def test_the_jobs_list_filters_by_state_queue_name_and_time(db):
+    ids = plant_states(db)
+    old = make_job(db, "mail", "mail.Send", created_at=ago(days=3), status="ok").id
+    newest_first = sorted([*ids.values(), old], reverse=True)
+    with admin_site(db) as base:
+        assert listed(base) == newest_first
+        expect = {
+            "pending": [ids["snoozed"], ids["retrying"], ids["scheduled"], ids["pending"]],
+            "scheduled": [ids["snoozed"], ids["retrying"], ids["scheduled"]],
+            "retrying": [ids["retrying"]],
+            "running": [ids["running"]],
+            "failed": [ids["err"]],
+            "err": [ids["err"]],
+            "done": [old, ids["skip"], ids["fail"], ids["ok_detail"], ids["ok"], ids["err"]],
+            "ok": [old, ids["ok_detail"], ids["ok"]],
+            "fail": [ids["fail"]],
+            "skip": [ids["skip"]],
+        }
+        for state, want in expect.items():
+            assert listed(base, state=state) == want, state
+        assert listed(base, queue="sms") == [ids["ok"], ids["err"], ids["running"]]
+        assert listed(base, name="mail.Bounce") == [ids["skip"], ids["fail"], ids["ok_detail"]]
+        assert listed(base, queue="sms", state="ok") == [ids["ok"]]
+        assert listed(base, since="1d") == newest_first[1:]
+        assert listed(base, until="1d") == [old]
+        assert listed(base, since="2000-01-01 00:00", until="2000-01-02T00:00Z") == []
+        for bad in ({"state": "exploded"}, {"since": "yesterday"}, {"before": "x"}, {"queue": "a\x00b"}):
+            answer = requests.get(f"{base}/admin/jobs", params=bad, headers=AUTH, timeout=5)
+            assert answer.status_code == 400, bad
+            assert 'id="jobs-error"' in answer.text and "<h1>Jobs</h1>" in answer.text
+
+
+def test_the_jobs_list_pages_by_id_without_offset(db):
+    made = [make_job(db, "mail", "mail.Send").id for _ in range(jobs.PAGE_SIZE * 2 + 7)]
+    assert "OFFSET" not in Q.admin_job_list.upper()
+    with admin_site(db) as base:
+        seen: list[int] = []
+        query = "?queue=mail"
+        for _ in range(3):
+            page = requests.get(f"{base}/admin/jobs{query}", headers=AUTH, timeout=10).text
+            seen += [int(i) for i in re.findall(r'<tr data-id="(\d+)"', page)]
+            older = re.search(r'href="/admin/jobs(\?[^"]+)" id="older"', page)
+            if older is None:
+                break
+            query = html.unescape(older.group(1))
+            assert "queue=mail" in query  # a page keeps the filters
+        assert older is None
+        assert seen == sorted(made, reverse=True)
+        assert 'id="newest"' in page
+        # A cursor is an id, so a row inserted meanwhile shifts no page.
+        make_job(db, "mail", "mail.Send")
+        assert listed(base, query)[0] == sorted(made, reverse=True)[2 * jobs.PAGE_SIZE]
+
+
+def state_counts(page: str) -> dict[str, str]:
+    return dict(re.findall(r'data-state="(\w+)"[^>]*>\w+ <span class="n">([^<]+)</span>', page))
+
+
+def test_counts_per_state_follow_the_filters_and_stop_at_the_cap(db, monkeypatch):
+    plant_states(db)
+    with admin_site(db) as base:
+        page = requests.get(f"{base}/admin/jobs", headers=AUTH, timeout=10).text
+        assert state_counts(page) == {
+            "all": "10",
+            **{"pending": "4", "scheduled": "3", "retrying": "1", "running": "1", "failed": "1", "done": "5"},
+            **{"ok": "2", "fail": "1", "skip": "1", "err": "1"},
+        }
+        assert "stop at 10,000 (shown as 10,000+)" in page
+        page = requests.get(f"{base}/admin/jobs?queue=sms&state=ok", headers=AUTH, timeout=10).text
+        counts = state_counts(page)
+        assert (counts["all"], counts["ok"], counts["pending"], counts["running"]) == ("3", "1", "0", "1")
+        monkeypatch.setattr(jobs, "COUNT_CAP", 2)
+        page = requests.get(f"{base}/admin/jobs", headers=AUTH, timeout=10).text
+        counts = state_counts(page)
+        assert (counts["all"], counts["pending"], counts["ok"], counts["fail"]) == ("2+", "2+", "2", "1")
+        assert "stop at 2 (shown as 2+)" in page
+
+
+def test_a_count_cut_short_by_its_timeout_shows_a_question_mark(db, monkeypatch):
+    make_job(db, "mail", "mail.Send")
+    monkeypatch.setattr(jobs, "COUNT_TIMEOUT_MS", 10)
+    monkeypatch.setattr(Q, "admin_job_count", "SELECT count(*)::int FROM pg_sleep(0.2)")
+    with admin_site(db) as base:
+        page = requests.get(f"{base}/admin/jobs", headers=AUTH, timeout=10).text
+    assert set(state_counts(page).values()) == {"?"}
+    assert re.findall(r'<tr data-id="(\d+)"', page)  # the list is still shown
+
+
+def test_search_by_id_name_prefix_and_args(db):
+    first = make_job(db, "crm", "crm.SyncCustomer", {"customer_id": 42, "plan": {"tier": "gold"}}).id
+    second = make_job(db, "crm", "crm.SyncCustomer", {"customer_id": 7, "plan": {"tier": "gold"}}).id
+    third = make_job(db, "crm", "crm.Sync", {"customer_id": 42}).id
+    other = make_job(db, "mail", "mail.Send", {"to": "a@example.com"}).id
+    with admin_site(db) as base:
+        for q in (str(second), f"#{second}", f" {second} "):
+            answer = requests.get(f"{base}/admin/jobs", params={"q": q}, headers=AUTH, allow_redirects=False)
+            assert (answer.status_code, answer.headers["Location"]) == (303, f"/admin/jobs/{second}"), q
+        assert listed(base, q="crm.Sync") == [third, second, first]
+        assert listed(base, q="crm.SyncC") == [second, first]
+        assert listed(base, q="crm.%") == []  # a prefix, not a LIKE pattern
+        assert listed(base, q='{"customer_id": 42}') == [third, first]
+        assert listed(base, q='{"plan": {"tier": "gold"}}') == [second, first]
+        assert listed(base, q='{"customer_id": 42}', name="crm.SyncCustomer") == [first]
+        assert listed(base, q="{}") == [other, third, second, first]
+        for q, said in (
+            ('{"customer_id": 42', "not JSON (Expecting"),
+            ('{"n": NaN}', "NaN is not JSON"),
+            ("[1, 2]", None),  # not an object: a name prefix, which matches nothing
+            ('{"a": "\\u0000"}', "jsonb holds no"),
+            ("x" * 1001, "at most 1000 characters"),
+        ):
+            answer = requests.get(f"{base}/admin/jobs", params={"q": q}, headers=AUTH, timeout=5)
+            if said is None:
+                assert answer.status_code in (200, 400), q
+                continue
+            assert answer.status_code == 400, q
+            assert said in html.unescape(re.search(r'id="jobs-error">([^<]*)<', answer.text).group(1)), q
+
+
+def test_the_args_search_and_its_counts_read_the_gin_index(db):
+    for n in range(50):
+        make_job(db, "crm", "crm.SyncCustomer", {"customer_id": n}, status="ok")
+    db.exec("ANALYZE jobs")
+    values = jobs.params(jobs.Filters(q='{"customer_id": 42}'))
+    for query in (Q.admin_job_list, Q.admin_job_count):
+        with db.transaction() as tx:
+            tx.exec("SET LOCAL enable_seqscan = off")
+            plan = "\n".join(r[0] for r in tx.query("EXPLAIN " + query, {**values, "limit": 51, "cap": 10_000}))
+        assert "jobs_args" in plan, plan
+        # The other filters were folded away by the custom plan, not left as ORs.
+        assert " OR " not in plan, plan
+
+
+def test_a_job_page_shows_every_field_its_traceback_and_masks_secret_args(db, settings_of):
+    settings_of({"JOBS_ADMIN_TOKEN": TOKEN, "GITHUB_TOKEN": "ghp_" + "s3cr3t" * 5})
+    args = {
+        "customer_id": 42,
+        "api_token": "tok-visible-nowhere",
+        "nested": [{"Password": "hunter2-nowhere"}, {"note": "ghp_" + "s3cr3t" * 5}],
+    }
+    job = make_job(
+        db,
+        "crm",
+        "crm.Sync",
+        args,
+        status="err: KeyError: 'plan'",
+        worker_id="vm-1:4242:ab12cd34",
+        run_at=ago(seconds=5),
+        started_at=ago(seconds=3),
+        last_traceback="Traceback (most recent call last):\n  File \"queues/crm/__init__.py\", line 9\nKeyError: 'plan'\n",
+    )
+    with admin_site(db) as base:
+        page = requests.get(f"{base}/admin/jobs/{job.id}", headers=AUTH, timeout=5).text
+    text = html.unescape(page)
+    for shown in ("crm.Sync", "err: KeyError: 'plan'", "vm-1:4242:ab12cd34", job.callsite, '"customer_id": 42'):
+        assert shown in text, shown
+    assert "queues/crm/__init__.py" in re.search(r'<pre id="traceback">(.*?)</pre>', text, re.S).group(1)
+    assert "tok-visible-nowhere" not in text and "hunter2-nowhere" not in text and "s3cr3t" not in text
+    assert text.count("[redacted]") >= 3
+    assert 'href="/admin/jobs?queue=crm"' in page and 'href="/admin/jobs?name=crm.Sync"' in page
+    assert "/retry" in page and "/cancel" not in page and "/run-now" not in page
+    assert re.search(r"<dt>latency</dt><dd[^>]*>\d+ ms", page) and "ran for" in page
+
+
+def test_a_missing_job_is_a_404_page_in_the_layout(db):
+    with admin_site(db) as base:
+        for path in ("/admin/jobs/12345", "/admin/jobs/99999999999999999999", "/admin/jobs/x", "/admin/nope"):
+            answer = requests.get(f"{base}{path}", headers=AUTH, timeout=5)
+            assert answer.status_code == 404, path
+            assert answer.headers["Content-Type"] == "text/html; charset=utf-8"
+            assert "<h1>Not found</h1>" in answer.text and 'href="/admin/jobs"' in answer.text, path
+        assert "There is no job 12345" in requests.get(f"{base}/admin/jobs/12345", headers=AUTH).text
+
+
+def act(session: requests.Session, base: str, job_id: int, action: str, csrf: str) -> str:
+    answer = session.post(f"{base}/admin/jobs/{job_id}/{action}", data={"csrf": csrf}, allow_redirects=False)
+    assert (answer.status_code, answer.headers["Location"]) == (303, f"/admin/jobs/{job_id}")
+    return html.unescape(
+        re.search(
+            r'class="flash" role="status">([^<]*)<', session.get(f"{base}{answer.headers['Location']}").text
+        ).group(1)
+    )
+
+
+def test_cancel_run_now_and_retry_each_only_in_its_state(db, caplog):
+    caplog.set_level(logging.INFO, logger="jobs.admin")
+    due = make_job(db, "mail", "mail.Send").id
+    scheduled = make_job(db, "mail", "mail.Send", run_at=later(hours=2)).id
+    running = make_job(db, "mail", "mail.Send", status="started").id
+    failed = failed_job(db)
+    done = make_job(db, "mail", "mail.Send", status="ok").id
+
+    def status_of(job_id: int) -> str:
+        return db.query_row("SELECT status FROM jobs WHERE id = %s", (job_id,))[0]
+
+    with admin_site(db) as base:
+        session = log_in(base)
+        csrf = csrf_of(session, base)
+        # Refused in a wrong state, and the row left as it was.
+        assert "not cancelled: it is running" in act(session, base, running, "cancel", csrf)
+        assert "not cancelled: it is no longer pending: ok" in act(session, base, done, "cancel", csrf)
+        assert "already due" in act(session, base, due, "run-now", csrf)
+        assert "not made due: it is no longer pending: err:" in act(session, base, failed, "run-now", csrf)
+        assert "not retried: only a failed (err:) job is; it is pending" in act(session, base, due, "retry", csrf)
+        assert "not retried: only a failed (err:) job is; it is ok" in act(session, base, done, "retry", csrf)
+        assert "not cancelled: there is no such job" in act(session, base, 999999, "cancel", csrf)
+        assert [status_of(i) for i in (running, done, failed)] == ["started", "ok", "err: RuntimeError: smtp down"]
+
+        message = act(session, base, scheduled, "run-now", csrf)
+        assert message == f"job {scheduled} is due now"
+        assert db.query_row("SELECT run_at <= now() FROM jobs WHERE id = %s", (scheduled,)) == (True,)
+        assert f"cancelled job {due}: skip: cancelled by an operator" in act(session, base, due, "cancel", csrf)
+        assert re.fullmatch(r"skip: cancelled by an operator on the admin page \(session [0-9a-f]{8}\)", status_of(due))
+        assert "retried job" in act(session, base, failed, "retry", csrf)
+        assert status_of(failed) == "pending"
+        # What fits each state is what the page offers.
+        page = session.get(f"{base}/admin/jobs/{make_job(db, 'mail', run_at=later(hours=1)).id}").text
+        assert "/run-now" in page and "/cancel" in page and "/retry" not in page
+        page = session.get(f"{base}/admin/jobs/{running}").text
+        assert 'id="actions"' not in page
+    logged = [r.getMessage() for r in caplog.records if r.name == "jobs.admin"]
+    assert any(f"admin cancel job={due} by session " in line for line in logged)
+    assert any(f"admin run-now job={scheduled} by session " in line for line in logged)
+    assert any(f"admin retry job={failed} by session " in line for line in logged)
+
+
+def test_every_new_form_needs_the_csrf_token_and_every_new_page_a_token(db):
+    pending = make_job(db, "mail", "mail.Send", run_at=later(hours=1)).id
+    failed = failed_job(db)
+    with admin_site(db) as base:
+        for path in ("/admin/jobs", f"/admin/jobs/{pending}", "/admin/jobs?q=%7B%7D", "/admin/jobs?q=mail"):
+            answer = requests.get(f"{base}{path}", allow_redirects=False, timeout=5)
+            assert (answer.status_code, answer.headers["Location"]) == (303, "/admin/login"), path
+            answer = requests.get(f"{base}{path}", headers={"Authorization": "Bearer nope"}, timeout=5)
+            assert answer.status_code == 401, path
+        session = log_in(base)
+        other = log_in(base)
+        posts = [(pending, "cancel"), (pending, "run-now"), (failed, "retry")]
+        for job_id, action in posts:
+            url = f"{base}/admin/jobs/{job_id}/{action}"
+            assert requests.post(url, timeout=5).status_code == 401
+            for data in ({}, {"csrf": ""}, {"csrf": "0" * 64}, {"csrf": csrf_of(other, base)}):
+                answer = session.post(url, data=data, allow_redirects=False)
+                assert answer.status_code == 403 and "CSRF" in answer.text, (action, data)
+            assert session.get(url).status_code == 404  # an action is never a GET
+        assert db.query("SELECT status, run_at > now() FROM jobs ORDER BY id") == [
+            ("pending", True),
+            ("err: RuntimeError: smtp down", False),
+        ]
+        # A script's bearer token needs no CSRF token.
+        answer = requests.post(f"{base}/admin/jobs/{pending}/cancel", headers=AUTH, allow_redirects=False, timeout=5)
+        assert answer.status_code == 303
+    assert db.query_row("SELECT status FROM jobs WHERE id = %s", (pending,))[0].startswith("skip: cancelled")
+
+
+def test_hostile_names_args_errors_and_searches_are_escaped(db):
+    job = make_job(
+        db,
+        XSS,
+        XSS,
+        {XSS: XSS},
+        status=f"err: ValueError: {XSS}",
+        callsite=XSS,
+        worker_id=XSS,
+        last_traceback=f"Traceback\n{XSS}\n",
+    ).id
+    with admin_site(db) as base:
+        pages = [
+            requests.get(f"{base}/admin/jobs", headers=AUTH, timeout=5).text,
+            requests.get(f"{base}/admin/jobs/{job}", headers=AUTH, timeout=5).text,
+            requests.get(f"{base}/admin/jobs", params={"q": XSS, "queue": XSS, "name": XSS}, headers=AUTH).text,
+            requests.get(f"{base}/admin/jobs", params={"q": "{" + XSS}, headers=AUTH).text,
+            requests.get(f"{base}/admin/jobs", params={"q": json.dumps({XSS: XSS})}, headers=AUTH).text,
+            requests.get(f"{base}/admin/jobs", params={"since": XSS, "state": XSS}, headers=AUTH).text,
+        ]
+    for page in pages:
+        assert "<img" not in page
+        assert "&lt;img src=x onerror=alert(1)&gt;" in page
+    assert f'<tr data-id="{job}"' in pages[2] and f'<tr data-id="{job}"' in pages[4]

@@ -1,7 +1,8 @@
 """The admin page in a real headless browser (Debian's chromium, driven by
 Playwright): no token, no page; log in, see the queues, retry a failure and
-see it pending, pause and resume, HTML in a job's name shown as text, and a
-POST without the CSRF token refused. Each page's screenshot is written under
+see it pending, pause and resume; browse, filter and search the jobs, read a
+job's traceback, cancel, run now and retry it; HTML in a job's name shown as
+text, and a POST without the CSRF token refused. Each page's screenshot is written under
 tests/artifacts/ for a person to look at.
 
 Playwright runs inside this gevent-patched test process, next to the server.
@@ -29,6 +30,8 @@ from lib.http.health import Health
 from lib.http.httpd import make_app
 from lib.insert import insert
 from lib.operate import overview
+
+PHONE = {"viewport": {"width": 390, "height": 844}, "device_scale_factor": 2, "is_mobile": True, "has_touch": True}
 
 CHROMIUM = require("/usr/bin/chromium", "chromium")
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
@@ -62,8 +65,8 @@ def admin_site(db, *, token: str | None = TOKEN, refresh: float = 3600.0) -> Ite
         yield base
 
 
-def shot(page: Page, name: str) -> None:
-    page.screenshot(path=str(ARTIFACTS / f"admin-{name}.png"), full_page=True)
+def shot(page: Page, name: str, *, full_page: bool = True) -> None:
+    page.screenshot(path=str(ARTIFACTS / f"admin-{name}.png"), full_page=full_page)
 
 
 def log_in(page: Page, base: str) -> None:
@@ -74,12 +77,14 @@ def log_in(page: Page, base: str) -> None:
     expect(page.locator("h1")).to_have_text("Queues")
 
 
-def failed_job(db, queue: str, name: str, error: str, args: dict | None = None) -> int:
+def failed_job(db, queue: str, name: str, error: str, args: dict | None = None, traceback: str | None = None) -> int:
     job_id = insert(db, queue, name, args or {"to": "ops@example.com"})
     db.exec(
-        "UPDATE jobs SET status = %s, last_error = %s, attempts = 1, max_attempts = 1,"
-        " finished_at = now(), started_at = now() WHERE id = %s",
-        (error, error, job_id),
+        "UPDATE jobs SET status = %s, last_error = %s, attempts = 1, max_attempts = 1, last_traceback = %s,"
+        " worker_id = 'vm-1:4242:ab12cd34', run_at = now() - interval '3 seconds',"
+        " started_at = now() - interval '2 seconds', finished_at = now()"
+        " WHERE id = %s",
+        (error, error, traceback, job_id),
     )
     return job_id
 
@@ -181,9 +186,7 @@ def test_the_queues_page_reads_on_a_phone(db, browser):
     insert(db, "mail", "mail.Send", {"to": "a@example.com"})
     failed_job(db, "sms", "sms.Send", "err: HTTPError: 503 from the gateway")
     with admin_site(db) as base:
-        context = browser.new_context(
-            viewport={"width": 390, "height": 844}, device_scale_factor=2, is_mobile=True, has_touch=True
-        )
+        context = browser.new_context(**PHONE)
         page = context.new_page()
         log_in(page, base)
         # Nothing wider than the screen but the table, which scrolls in its own box.
@@ -213,7 +216,15 @@ def test_html_in_a_job_is_shown_as_text(db, browser):
         expect(page.locator("#job .name")).to_have_text(XSS)
         page.click("#args summary")
         expect(page.locator("#args pre")).to_contain_text(XSS)
-        for path in ("/admin/", "/admin/failures", f"/admin/jobs/{job_id}"):
+        page.goto(f"{base}/admin/jobs")
+        expect(page.locator(f'#jobs tr[data-id="{job_id}"] td.name')).to_have_text(XSS)
+        # Typed into the search box: shown back as text, in the box and in the error.
+        for q in (XSS, "{" + XSS):
+            page.get_by_label("search").fill(q)
+            page.get_by_label("search").press("Enter")
+            expect(page.get_by_label("search")).to_have_value(q)
+        expect(page.locator("#jobs-error")).to_contain_text("args search: not JSON")
+        for path in ("/admin/", "/admin/failures", f"/admin/jobs/{job_id}", "/admin/jobs", f"/admin/jobs?q={XSS}"):
             page.goto(f"{base}{path}")
             # No element was made of the name: the page has no image at all.
             assert page.locator("img").count() == 0, path
@@ -250,3 +261,156 @@ def test_a_post_without_the_csrf_token_is_refused(db, browser):
         shot(page, "csrf-refused")
         context.close()
     assert not db.query("SELECT * FROM job_queues")
+
+
+def ids_listed(page: Page) -> list[int]:
+    return [int(i) for i in page.locator("#jobs tbody tr[data-id]").evaluate_all("rows => rows.map(r => r.dataset.id)")]
+
+
+def plant_jobs(db) -> dict[str, int]:
+    """A few jobs of two queues, in the states the list tells apart, with a
+    customer's id in some of their args."""
+    made = {}
+    for n in range(4):
+        made[f"sent{n}"] = insert(db, "mail", "mail.Send", {"to": f"user{n}@example.com", "customer_id": 40 + n})
+        db.exec(
+            "UPDATE jobs SET status = 'ok', attempts = 1, started_at = now(), finished_at = now() WHERE id = %s",
+            (made[f"sent{n}"],),
+        )
+    made["scheduled"] = insert(db, "sms", "sms.Remind", {"customer_id": 42, "text": "your order ships"})
+    db.exec("UPDATE jobs SET run_at = now() + interval '2 hours' WHERE id = %s", (made["scheduled"],))
+    made["failed"] = failed_job(
+        db,
+        "sms",
+        "sms.Send",
+        "err: HTTPError: 503 from the gateway",
+        {"customer_id": 42, "to": "+100", "api_key": "sk-live-never-shown"},
+        'Traceback (most recent call last):\n  File "queues/sms/__init__.py", line 31, in send\n'
+        "    response.raise_for_status()\nHTTPError: 503 from the gateway\n",
+    )
+    made["pending"] = insert(db, "mail", "mail.Digest", {"customer_id": 7})
+    return made
+
+
+def test_browse_filter_and_search_the_jobs(db, browser):
+    made = plant_jobs(db)
+    with admin_site(db) as base:
+        context = browser.new_context(viewport={"width": 1280, "height": 800})
+        page = context.new_page()
+        log_in(page, base)
+        page.get_by_role("link", name="Jobs", exact=True).click()
+        expect(page.locator("h1")).to_have_text("Jobs")
+        assert ids_listed(page) == sorted(made.values(), reverse=True)
+        expect(page.locator('#states a[data-state="all"] .n')).to_have_text("7")
+        expect(page.locator('#states a[data-state="scheduled"] .n')).to_have_text("1")
+        expect(page.locator('#states a[data-state="ok"] .n')).to_have_text("4")
+        expect(page.locator(f'#jobs tr[data-id="{made["scheduled"]}"] .badge')).to_have_text("scheduled")
+        shot(page, "jobs")
+
+        # Filter: a state chip, then a queue from a row's link.
+        page.locator('#states a[data-state="failed"]').click()
+        assert ids_listed(page) == [made["failed"]]
+        page.locator('#states a[data-state="all"]').click()
+        page.locator(f'#jobs tr[data-id="{made["pending"]}"] td[data-label="queue"] a').click()
+        expect(page).to_have_url(f"{base}/admin/jobs?queue=mail")
+        assert ids_listed(page) == [made["pending"], made["sent3"], made["sent2"], made["sent1"], made["sent0"]]
+        page.select_option('select[name="state"]', "ok")
+        page.get_by_role("button", name="Search").click()
+        assert ids_listed(page) == [made["sent3"], made["sent2"], made["sent1"], made["sent0"]]
+
+        # Search: a name prefix, args, bad JSON, an id.
+        page.goto(f"{base}/admin/jobs")
+        search = page.get_by_label("search")
+        search.fill("sms.")
+        search.press("Enter")
+        assert ids_listed(page) == [made["failed"], made["scheduled"]]
+        search = page.get_by_label("search")
+        search.fill('{"customer_id": 42}')
+        search.press("Enter")
+        assert ids_listed(page) == [made["failed"], made["scheduled"], made["sent2"]]
+        shot(page, "jobs-search")
+        search = page.get_by_label("search")
+        search.fill('{"customer_id": 42')
+        search.press("Enter")
+        expect(page.locator("#jobs-error")).to_contain_text("args search: not JSON")
+        assert ids_listed(page) == []
+        search = page.get_by_label("search")
+        search.fill(str(made["scheduled"]))
+        search.press("Enter")
+        expect(page).to_have_url(f"{base}/admin/jobs/{made['scheduled']}")
+        expect(page.locator("h1")).to_contain_text(f"Job {made['scheduled']}")
+        context.close()
+
+
+def test_the_jobs_list_pages_and_reads_on_a_phone(db, browser):
+    for n in range(55):
+        insert(db, "mail", "mail.Send", {"n": n})
+    failed_job(db, "sms", "sms.Send", "err: HTTPError: 503 from the gateway, which said a great deal about it")
+    with admin_site(db) as base:
+        context = browser.new_context(**PHONE)
+        page = context.new_page()
+        log_in(page, base)
+        page.goto(f"{base}/admin/jobs")
+        assert len(ids_listed(page)) == 50
+        assert page.evaluate("document.documentElement.scrollWidth") <= 390
+        shot(page, "jobs-phone", full_page=False)
+        page.locator("#older").click()
+        assert ids_listed(page) == list(range(6, 0, -1))
+        shot(page, "jobs-phone-older")
+        page.locator("#newest").click()
+        assert ids_listed(page)[0] == 56
+        context.close()
+
+
+def test_a_jobs_traceback_then_retry_run_now_and_cancel(db, browser):
+    made = plant_jobs(db)
+    with admin_site(db) as base:
+        context = browser.new_context(viewport={"width": 1280, "height": 800})
+        page = context.new_page()
+        log_in(page, base)
+        page.goto(f"{base}/admin/jobs/{made['failed']}")
+        expect(page.locator("#last-error")).to_have_text("err: HTTPError: 503 from the gateway")
+        expect(page.locator("#traceback")).to_contain_text('File "queues/sms/__init__.py", line 31, in send')
+        expect(page.locator("#job .worker")).to_have_text("vm-1:4242:ab12cd34")
+        expect(page.locator("#job .callsite")).to_contain_text("test_admin_browser.py")
+        page.click("#args summary")
+        expect(page.locator("#args pre")).to_contain_text('"api_key": "[redacted]"')
+        expect(page.locator("#args pre")).not_to_contain_text("sk-live")
+        shot(page, "job-failed")
+        page.get_by_role("button", name="Retry").click()
+        expect(page.locator(".flash")).to_have_text(
+            f"retried job {made['failed']}: pending again, with one more attempt"
+        )
+        expect(page.locator("#job .status")).to_have_text("pending")
+        assert db.query_row("SELECT status FROM jobs WHERE id = %s", (made["failed"],))[0] == "pending"
+
+        page.get_by_role("link", name="jobs of queue sms").click()
+        page.locator(f'#jobs tr[data-id="{made["scheduled"]}"] a').first.click()
+        expect(page.locator("h1 .badge")).to_have_text("scheduled")
+        page.get_by_role("button", name="Run now").click()
+        expect(page.locator(".flash")).to_have_text(f"job {made['scheduled']} is due now")
+        expect(page.get_by_role("button", name="Run now")).to_have_count(0)
+        assert db.query_row("SELECT run_at <= now() FROM jobs WHERE id = %s", (made["scheduled"],)) == (True,)
+
+        page.goto(f"{base}/admin/jobs/{made['pending']}")
+        page.click("#actions summary")
+        page.get_by_role("button", name=f"Cancel job {made['pending']}").click()
+        expect(page.locator(".flash")).to_contain_text(f"cancelled job {made['pending']}")
+        expect(page.locator("#job .status")).to_contain_text("skip: cancelled by an operator on the admin page")
+        expect(page.locator("#actions")).to_have_count(0)
+        shot(page, "job-cancelled")
+
+        page.goto(f"{base}/admin/jobs/999999")
+        expect(page.locator("h1")).to_have_text("Not found")
+        expect(page.locator("#missing")).to_have_text("There is no job 999999: it never was, or it was deleted.")
+        shot(page, "job-missing")
+        context.close()
+
+        phone = browser.new_context(**PHONE)
+        page = phone.new_page()
+        log_in(page, base)
+        page.goto(f"{base}/admin/jobs/{made['sent1']}")
+        page.click("#args summary")
+        assert page.evaluate("document.documentElement.scrollWidth") <= 390
+        shot(page, "job-phone")
+        phone.close()

@@ -1,7 +1,10 @@
-"""The admin page under /admin/: the queues, the failures (retry them), one
-job, pause and resume, the workers. Server-side HTML from the Jinja2
-templates beside this file, autoescaped; no script but a few lines that
-reload the queues table.
+"""The admin page under /admin/: the queues, the jobs (browse, search, one
+job and its actions), the failures (retry them), pause and resume, the
+workers. Server-side HTML from the Jinja2 templates beside this file,
+autoescaped; no script but a few lines that reload the queues table. This module
+holds the login and the routes; the jobs list and one job's page are worked
+out in jobs.py and job.py, the queues and failures pages' forms in
+actions.py, and what every page shares in render.py.
 
 On only when JOBS_ADMIN_TOKEN is set. Every request presents the token: as
 `Authorization: Bearer <token>` (scripts), or as the session cookie the login
@@ -14,30 +17,37 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 import logging
+import re
 import secrets
 import time
 from collections.abc import Callable, Iterable, Sequence
-from datetime import UTC, datetime, timedelta
-from pathlib import Path
+from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import quote, unquote, urlencode
+from urllib.parse import unquote
 
 import gevent
-from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
+from lib.http.admin import job as one_job
+from lib.http.admin import jobs
+from lib.http.admin.actions import pause_queue, retry_failures
+from lib.http.admin.render import (
+    FLASH,
+    PREFIX,
+    SECURITY_HEADERS,
+    cookie,
+    csp,
+    done,
+    environment,
+)
 from lib.http.web import BadRequest, Environ, Request, Response, StartResponse, redirect, text
 from lib.operate import overview
-from lib.operate.queue_state import pause, resume
-from lib.operate.redrive import redrive
+from lib.operate.queue_state import resume
 from lib.store.sql import Q
 
 log = logging.getLogger("jobs.admin")
 
-PREFIX = "/admin"
 COOKIE = "jobs_admin"
-FLASH = "jobs_admin_flash"
 SESSION_SECONDS = 12 * 3600
 # Seconds between reloads of the queues table.
 REFRESH = 5.0
@@ -45,9 +55,9 @@ REFRESH = 5.0
 FAILURES_SHOWN = 100
 # A wrong token costs this long: guessing by the thousand becomes slow.
 LOGIN_PENALTY = 1.0
-MAX_PAUSE_MINUTES = 525600  # a year, as the CLI
 
-TEMPLATES = Path(__file__).resolve().parent / "templates"
+# /jobs/<id>, and /jobs/<id>/<action> for a POST.
+_JOB_PATH = re.compile(r"^/jobs/(\d{1,19})(?:/(cancel|run-now|retry))?$")
 
 Stats = Callable[..., Sequence[Any]]
 
@@ -78,15 +88,7 @@ class Admin:
         self.workers = workers
         self.queues = sorted(set(queues))
         self.refresh = refresh
-        self.env = Environment(
-            loader=FileSystemLoader(TEMPLATES),
-            # Every value is escaped: job names, args and errors are written by whoever enqueues.
-            autoescape=True,
-            undefined=StrictUndefined,
-            trim_blocks=True,
-            lstrip_blocks=True,
-        )
-        self.env.filters.update(when=_when, ago=_ago, left=_left, seconds=overview.age)
+        self.env = environment()
 
     # -- auth
 
@@ -128,7 +130,7 @@ class Admin:
             response = self._route(request)
         except BadRequest as exc:
             response = text(400, f"bad request: {exc}")
-        response.headers.extend(_SECURITY_HEADERS)
+        response.headers.extend(SECURITY_HEADERS)
         return response(environ, start_response)
 
     def _route(self, request: Request) -> Response:
@@ -156,11 +158,13 @@ class Admin:
         if request.method not in ("GET", "HEAD"):
             return text(405, "method not allowed")
         page = self._get(path, request, session)
-        return page if page is not None else text(404, "not found")
+        return page if page is not None else self._missing(request, session, "There is no such page.")
 
     # -- pages
 
-    def _page(self, template: str, request: Request, session: str | None, **values: Any) -> Response:
+    def _page(
+        self, template: str, request: Request, session: str | None, *, status: int = 200, **values: Any
+    ) -> Response:
         nonce = secrets.token_urlsafe(12)
         flash = unquote(request.cookie(FLASH) or "")
         body = self.env.get_template(template).render(
@@ -171,15 +175,20 @@ class Admin:
             prefix=PREFIX,
             **values,
         )
-        headers = [("Content-Security-Policy", _csp(nonce))]
+        headers = [("Content-Security-Policy", csp(nonce))]
         if flash:
-            headers.append(("Set-Cookie", _cookie(FLASH, "", max_age=0)))
-        return Response(200, body, "text/html; charset=utf-8", headers)
+            headers.append(("Set-Cookie", cookie(FLASH, "", max_age=0)))
+        return Response(status, body, "text/html; charset=utf-8", headers)
+
+    def _missing(self, request: Request, session: str | None, message: str) -> Response:
+        return self._page("missing.html", request, session, status=404, message=message)
 
     def _get(self, path: str, request: Request, session: str | None) -> Response | None:
         if path == "/":
             rows = self.queue_stats(self.db, self.queues)
             return self._page("queues.html", request, session, stats=rows, refresh=self.refresh)
+        if path == "/jobs":
+            return self._jobs(request, session)
         if path == "/failures":
             queue, name = request.arg("queue"), request.arg("name")
             rows = self.db.query(Q.job_failed_list, {"queue": queue, "name": name, "limit": FAILURES_SHOWN})
@@ -193,29 +202,53 @@ class Admin:
                 shown=FAILURES_SHOWN,
                 queues=self.queues,
             )
+        found = _JOB_PATH.match(path)
+        if found and not found.group(2):
+            return self._job(int(found.group(1)), request, session)
         if path.startswith("/jobs/"):
-            job_id = path[len("/jobs/") :]
-            if not job_id.isdigit() or not 0 < int(job_id) < 2**63:
-                return None
-            job = overview.job(self.db, int(job_id))
-            if job is None:
-                return text(404, f"no job {job_id}")
-            return self._page("job.html", request, session, job=_shown(job))
+            return self._missing(request, session, "A job's page is /admin/jobs/ and its number.")
         if path == "/workers":
             return self._page("workers.html", request, session, workers=self.workers(self.db))
         return None
+
+    def _jobs(self, request: Request, session: str | None) -> Response:
+        filters = jobs.read(request)
+        target = jobs.job_id(filters)
+        if target is not None:
+            return redirect(f"{PREFIX}/jobs/{target}")
+        values: dict[str, Any] = {"filters": filters, "states": jobs.STATES, "outcomes": jobs.OUTCOMES}
+        values |= {"queues": self.queues, "cap": jobs.COUNT_CAP, "count_timeout": f"{jobs.COUNT_TIMEOUT_MS / 1000:g}s"}
+        values |= {"rows": [], "next": None, "counts": {}}
+        try:
+            params = jobs.params(filters)
+        except jobs.BadFilter as exc:
+            return self._page("jobs.html", request, session, status=400, error=str(exc), **values)
+        try:
+            values["rows"], values["next"] = jobs.page(self.db, params)
+        except Exception as exc:
+            if not jobs.timed_out(exc):
+                raise
+            error = f"the list took over {jobs.LIST_TIMEOUT_MS / 1000:g}s; narrow it by state, queue or time"
+            return self._page("jobs.html", request, session, error=error, **values)
+        values["counts"] = jobs.counts(self.db, params)
+        return self._page("jobs.html", request, session, error=None, **values)
+
+    def _job(self, job_id: int, request: Request, session: str | None) -> Response:
+        job = overview.job(self.db, job_id) if job_id < 2**63 else None
+        if job is None:
+            return self._missing(request, session, f"There is no job {job_id}: it never was, or it was deleted.")
+        shown = one_job.shown(job, datetime.now(UTC))
+        return self._page("job.html", request, session, job=shown, secret_words=one_job.SECRET_WORDS)
 
     def _login(self, request: Request) -> Response:
         if request.method == "POST":
             if self._token_ok(request.field("token")):
                 log.info("admin login from %s", request.environ.get("REMOTE_ADDR"))
-                cookie = _cookie(COOKIE, self._new_session(), max_age=SESSION_SECONDS)
-                return redirect(f"{PREFIX}/", [("Set-Cookie", cookie)])
+                session = cookie(COOKIE, self._new_session(), max_age=SESSION_SECONDS)
+                return redirect(f"{PREFIX}/", [("Set-Cookie", session)])
             log.warning("admin login refused from %s: wrong token", request.environ.get("REMOTE_ADDR"))
             gevent.sleep(LOGIN_PENALTY)
-            response = self._page("login.html", request, None, error="wrong token")
-            response.status = 403
-            return response
+            return self._page("login.html", request, None, status=403, error="wrong token")
         if request.method not in ("GET", "HEAD"):
             return text(405, "method not allowed")
         return self._page("login.html", request, None, error=None)
@@ -224,123 +257,35 @@ class Admin:
 
     def _post(self, path: str, request: Request, session: str | None) -> Response:
         if path == "/logout":
-            return redirect(f"{PREFIX}/login", [("Set-Cookie", _cookie(COOKIE, "", max_age=0))])
+            return redirect(f"{PREFIX}/login", [("Set-Cookie", cookie(COOKIE, "", max_age=0))])
         if path == "/retry":
-            return self._retry(request)
+            return retry_failures(self.db, request)
+        found = _JOB_PATH.match(path)
+        if found and found.group(2) and int(found.group(1)) < 2**63:
+            return self._act(int(found.group(1)), found.group(2), session)
         if path in ("/pause", "/resume"):
             queue = request.field("queue")
             if queue is None:
                 return text(400, "bad request: which queue?")
             if path == "/resume":
-                done = resume(self.db, queue)
+                resumed = resume(self.db, queue)
                 log.info("admin resumed queue=%s", queue)
-                return _done(f"{PREFIX}/", f"resumed {queue}" if done else f"{queue} was not paused")
-            return self._pause(queue, request)
+                return done(f"{PREFIX}/", f"resumed {queue}" if resumed else f"{queue} was not paused")
+            return pause_queue(self.db, queue, request)
         return text(404, "not found")
 
-    def _retry(self, request: Request) -> Response:
-        form = request.form()
-        ids = [int(i) for i in form.get("id", []) if i.isdigit() and 0 < int(i) < 2**63]
-        queue, name = request.field("queue"), request.field("name")
-        back = f"{PREFIX}/failures" + (f"?{urlencode(_present(queue=queue, name=name))}" if queue or name else "")
-        if ids:
-            done = redrive(self.db, ids=ids)
-        elif queue or name:
-            done = redrive(self.db, queue=queue, name=name)
-        else:
-            # redrive refuses it too: a slip must not retry every failure ever kept.
-            return _done(back, "choose jobs, or filter by queue or name, to retry a set")
-        log.info("admin retried %s (queue=%s name=%s): %s", ids or "a set", queue, name, done.redriven)
-        message = f"retried {len(done.redriven)} jobs" + (f": {_ids(done.redriven)}" if done.redriven else "")
-        if done.skipped:
-            message += f"; skipped {len(done.skipped)}: " + "; ".join(f"{i}: {w}" for i, w in done.skipped.items())
-        # Back to the page the button was on (a job's page, say), never to another site.
-        asked = request.field("back")
-        return _done(asked if asked and asked.startswith(f"{PREFIX}/") else back, message)
-
-    def _pause(self, queue: str, request: Request) -> Response:
-        reason = request.field("reason")
-        if reason is None or not reason.isprintable():
-            return _done(f"{PREFIX}/", f"not paused: {queue} needs a reason an operator can read")
-        minutes_text = request.field("minutes")
-        until = None
-        if minutes_text is not None:
-            try:
-                minutes = float(minutes_text)
-            except ValueError:
-                minutes = -1.0
-            if not 0 < minutes <= MAX_PAUSE_MINUTES:
-                return _done(f"{PREFIX}/", f"not paused: minutes above 0, at most {MAX_PAUSE_MINUTES}")
-            until = datetime.now(UTC) + timedelta(minutes=minutes)
-        pause(self.db, queue, reason, until)
-        log.info("admin paused queue=%s until %s: %s", queue, until or "resumed", reason)
-        return _done(f"{PREFIX}/", f"paused {queue} until {_when(until) if until else 'resumed'}: {reason}")
+    def _act(self, job_id: int, action: str, session: str | None) -> Response:
+        """One job's action, as one statement; logged with the operator's session."""
+        operator = _operator(session)
+        message = one_job.act(self.db, job_id, action, operator)
+        log.info("admin %s job=%s by %s: %s", action, job_id, operator, message)
+        return done(f"{PREFIX}/jobs/{job_id}", message)
 
 
-# The page loads nothing from elsewhere, runs only its own nonce'd script, and
-# cannot be framed (a framed page could be clicked through by another site).
-def _csp(nonce: str) -> str:
-    return (
-        f"default-src 'none'; style-src 'nonce-{nonce}'; script-src 'nonce-{nonce}'; "
-        "img-src 'self' data:; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
-    )
-
-
-_SECURITY_HEADERS = [
-    ("Cache-Control", "no-store"),
-    ("X-Content-Type-Options", "nosniff"),
-    ("X-Frame-Options", "DENY"),
-    ("Referrer-Policy", "no-referrer"),
-]
-
-
-def _cookie(name: str, value: str, *, max_age: int) -> str:
-    # Not Secure: the page is plain HTTP on loopback, reached through an SSH
-    # tunnel; a Secure cookie would never be sent back.
-    return f"{name}={value}; Path={PREFIX}; Max-Age={max_age}; HttpOnly; SameSite=Strict"
-
-
-def _done(location: str, message: str) -> Response:
-    """Back to a page, which shows the message once."""
-    return redirect(location, [("Set-Cookie", _cookie(FLASH, quote(message[:1000]), max_age=60))])
-
-
-def _present(**values: str | None) -> dict[str, str]:
-    return {k: v for k, v in values.items() if v}
-
-
-def _ids(ids: list[int]) -> str:
-    shown = ", ".join(map(str, ids[:20]))
-    return shown + (f" and {len(ids) - 20} more" if len(ids) > 20 else "")
-
-
-# The columns of job_get, in its order.
-def _shown(job: dict[str, Any]) -> dict[str, Any]:
-    """The job as the page shows it: args as indented JSON text."""
-    return {**job, "args": json.dumps(job["args"], indent=2, ensure_ascii=False)}
-
-
-# -- template filters
-
-
-def _when(value: datetime | None) -> str:
-    if value is None:
-        return ""
-    if value.year >= 9999:
-        return "until resumed"  # a pause with no end is stored as infinity
-    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
-
-
-def _ago(value: datetime | None) -> str:
-    if value is None:
-        return ""
-    return overview.age((datetime.now(UTC) - value).total_seconds()) + " ago"
-
-
-def _left(value: datetime | None) -> str:
-    """How long until value, as a pause or a throttle reads: "for 25m"."""
-    if value is None:
-        return ""
-    if value.year >= 9999:
-        return "until resumed"
-    return "for " + overview.age((value - datetime.now(UTC)).total_seconds())
+def _operator(session: str | None) -> str:
+    """Who acted, as far as the page knows: a short fingerprint of the session
+    (not the cookie itself, which would let a reader of the log act as them),
+    or the bearer token's script."""
+    if session is None:
+        return "bearer token"
+    return "session " + hashlib.sha256(session.encode()).hexdigest()[:8]

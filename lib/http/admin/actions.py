@@ -1,0 +1,59 @@
+"""The forms of the queues and failures pages: pause a queue, retry failures."""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from urllib.parse import urlencode
+
+from lib.http.admin.render import PREFIX, done, ids_text, present, when
+from lib.http.web import Request, Response
+from lib.operate.queue_state import pause
+from lib.operate.redrive import redrive
+
+log = logging.getLogger("jobs.admin")
+
+MAX_PAUSE_MINUTES = 525600  # a year, as the CLI
+
+
+def retry_failures(db: Any, request: Request) -> Response:
+    """Retry the failures chosen on the failures page: by id, or all of a queue or name."""
+    form = request.form()
+    ids = [int(i) for i in form.get("id", []) if i.isdigit() and 0 < int(i) < 2**63]
+    queue, name = request.field("queue"), request.field("name")
+    back = f"{PREFIX}/failures" + (f"?{urlencode(present(queue=queue, name=name))}" if queue or name else "")
+    if ids:
+        result = redrive(db, ids=ids)
+    elif queue or name:
+        result = redrive(db, queue=queue, name=name)
+    else:
+        # redrive refuses it too: a slip must not retry every failure ever kept.
+        return done(back, "choose jobs, or filter by queue or name, to retry a set")
+    log.info("admin retried %s (queue=%s name=%s): %s", ids or "a set", queue, name, result.redriven)
+    message = f"retried {len(result.redriven)} jobs" + (f": {ids_text(result.redriven)}" if result.redriven else "")
+    if result.skipped:
+        message += f"; skipped {len(result.skipped)}: " + "; ".join(f"{i}: {w}" for i, w in result.skipped.items())
+    # Back to the page the button was on (a job's page, say), never to another site.
+    asked = request.field("back")
+    return done(asked if asked and asked.startswith(f"{PREFIX}/") else back, message)
+
+
+def pause_queue(db: Any, queue: str, request: Request) -> Response:
+    """Pause a queue for the minutes given (none: until resumed), with a reason."""
+    reason = request.field("reason")
+    if reason is None or not reason.isprintable():
+        return done(f"{PREFIX}/", f"not paused: {queue} needs a reason an operator can read")
+    minutes_text = request.field("minutes")
+    until = None
+    if minutes_text is not None:
+        try:
+            minutes = float(minutes_text)
+        except ValueError:
+            minutes = -1.0
+        if not 0 < minutes <= MAX_PAUSE_MINUTES:
+            return done(f"{PREFIX}/", f"not paused: minutes above 0, at most {MAX_PAUSE_MINUTES}")
+        until = datetime.now(UTC) + timedelta(minutes=minutes)
+    pause(db, queue, reason, until)
+    log.info("admin paused queue=%s until %s: %s", queue, until or "resumed", reason)
+    return done(f"{PREFIX}/", f"paused {queue} until {when(until) if until else 'resumed'}: {reason}")

@@ -1,0 +1,138 @@
+"""One job's page: the row as it is shown (its args masked), and the actions
+that fit its state: cancel a pending one, run a scheduled one now, retry a
+failed one. Each action is one statement that rechecks the state on the row
+it changes, so a job the worker claimed meanwhile is left alone and the
+operator is told why."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from lib.job import status as st
+from lib.operate import overview
+from lib.operate.redrive import redrive
+from lib.setup.errors import configured_secrets
+from lib.setup.redact import REDACTED, scrub
+from lib.store.sql import Q
+
+# The settings name their secret values (JOBS_ADMIN_TOKEN, the API tokens:
+# lib.setup.errors masks those everywhere), but no args keys; so the value of
+# any key whose name holds one of these words is masked as well, at any depth.
+SECRET_WORDS = ("token", "secret", "password", "key")
+
+
+@dataclass(frozen=True)
+class Actions:
+    cancel: bool  # pending, due or scheduled
+    run_now: bool  # pending with run_at in the future
+    retry: bool  # failed (err:)
+
+
+def shown(job: dict[str, Any], now: datetime) -> dict[str, Any]:
+    """The job as the page shows it: args as masked, indented JSON text, and
+    the timings worked out."""
+    args = json.dumps(masked(job["args"]), indent=2, ensure_ascii=False, sort_keys=True)
+    pending = job["status"] == st.PENDING
+    return {
+        **job,
+        "args": scrub(args, configured_secrets()),
+        "state": state(job, now),
+        "latency": _between(job["run_at"], job["started_at"]),
+        "ran_for": _between(job["started_at"], job["finished_at"]),
+        "actions": Actions(
+            cancel=pending,
+            run_now=pending and job["run_at"] > now,
+            retry=job["status"].startswith("err: "),
+        ),
+    }
+
+
+def masked(value: Any) -> Any:
+    """value with the value of every secret-sounding key replaced by REDACTED."""
+    if isinstance(value, dict):
+        return {k: REDACTED if _secret(k) else masked(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [masked(v) for v in value]
+    return value
+
+
+def _secret(key: str) -> bool:
+    lowered = key.lower()
+    return any(word in lowered for word in SECRET_WORDS)
+
+
+def state(job: dict[str, Any], now: datetime) -> str:
+    """The state the jobs list shows for the row (admin_job_list's own rule)."""
+    if job["status"] == st.PENDING:
+        if job["attempts"] > 0 and job["last_error"] is not None:
+            return "retrying"
+        return "scheduled" if job["run_at"] > now else "pending"
+    if job["status"] == st.STARTED:
+        return "running"
+    return job["status"].split(": ", 1)[0]
+
+
+def _between(start: datetime | None, end: datetime | None) -> str | None:
+    if start is None or end is None:
+        return None
+    seconds = (end - start) / timedelta(seconds=1)
+    return f"{seconds * 1000:.0f} ms" if abs(seconds) < 10 else overview.age(seconds)
+
+
+# -- actions: each returns the line the operator reads
+
+
+def act(db: Any, job_id: int, action: str, operator: str) -> str:
+    """The action a job page's button names: cancel, run-now or retry."""
+    if action == "cancel":
+        return cancel(db, job_id, operator)
+    if action == "run-now":
+        return run_now(db, job_id)
+    if action == "retry":
+        return retry(db, job_id)
+    raise ValueError(f"no action {action!r}")
+
+
+def cancel(db: Any, job_id: int, operator: str) -> str:
+    reason = st.skip(f"cancelled by an operator on the admin page ({operator})")
+    if db.query(Q.job_cancel, {"ids": [job_id], "status": reason}):
+        return f"cancelled job {job_id}: {reason}"
+    return f"job {job_id} was not cancelled: {_not_pending(db, job_id)}"
+
+
+def run_now(db: Any, job_id: int) -> str:
+    if db.query(Q.admin_job_run_now, {"id": job_id}):
+        return f"job {job_id} is due now"
+    found = _status(db, job_id)
+    if found == st.PENDING:
+        return f"job {job_id} was already due: it runs in its turn"
+    return f"job {job_id} was not made due: {_not_pending(db, job_id, found)}"
+
+
+def retry(db: Any, job_id: int) -> str:
+    done = redrive(db, ids=[job_id])
+    if done.redriven:
+        return f"retried job {job_id}: pending again, with one more attempt"
+    if job_id in done.skipped:
+        return f"job {job_id} was not retried: {done.skipped[job_id]}"
+    found = _status(db, job_id)
+    if found is None:
+        return f"job {job_id} was not retried: there is no such job"
+    return f"job {job_id} was not retried: only a failed (err:) job is; it is {found[:200]}"
+
+
+def _status(db: Any, job_id: int) -> str | None:
+    rows = db.query(Q.job_statuses, {"ids": [job_id]})
+    return rows[0][1] if rows else None
+
+
+def _not_pending(db: Any, job_id: int, found: str | None = None) -> str:
+    found = found or _status(db, job_id)
+    if found is None:
+        return "there is no such job"
+    if found == st.STARTED:
+        return "it is running; a running job is not cancelled"
+    return f"it is no longer pending: {found[:200]}"

@@ -1,0 +1,197 @@
+"""The jobs list: every job, newest first, filtered by state, queue, name and
+a created_at range, searched by id, name prefix or args, a page at a time,
+with a count per state.
+
+Pages go by id (`before=<id>`: the rows below the last one shown), never by
+OFFSET, so the hundredth page costs what the first does. Each count stops at
+COUNT_CAP rows ("10,000+") and each runs under a short statement timeout, so
+a page never reads millions of rows to count them; a count cut short shows
+"?" and the list is still shown.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from urllib.parse import urlencode
+
+from lib.http.web import Request
+from lib.store.sql import Q
+
+# The states an operator filters by, in the order the page shows them; the
+# outcomes are the status kinds of lib.job.status a finished job has.
+STATES = ("pending", "scheduled", "retrying", "running", "failed", "done")
+OUTCOMES = ("ok", "fail", "skip", "err")
+PAGE_SIZE = 50
+COUNT_CAP = 10_000
+# Per count, and for the list: past these the server stops the statement.
+COUNT_TIMEOUT_MS = 500
+LIST_TIMEOUT_MS = 5000
+# A search or a filter longer than this is no name anyone typed.
+MAX_TEXT = 1000
+MAX_ID = 2**63
+
+_RELATIVE = re.compile(r"^(\d{1,6})\s*([smhd])$")
+_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
+
+
+class BadFilter(ValueError):
+    """A filter or search the page cannot run; its text is shown on the page."""
+
+
+@dataclass(frozen=True)
+class Filters:
+    """The jobs list's filters as the URL carries them (text, as typed)."""
+
+    state: str | None = None
+    queue: str | None = None
+    name: str | None = None
+    q: str | None = None  # the search box: an id, a name prefix or a JSON object
+    since: str | None = None
+    until: str | None = None
+    before: str | None = None
+
+    def query(self, **changes: str | None) -> str:
+        """The URL query of these filters with some changed ("" when none)."""
+        values = {k: v for k, v in asdict(replace(self, **changes)).items() if v}
+        return f"?{urlencode(values)}" if values else ""
+
+    def any(self) -> bool:
+        return any(v for k, v in asdict(self).items() if k != "before")
+
+
+def read(request: Request) -> Filters:
+    return Filters(**{name: request.arg(name) for name in Filters.__dataclass_fields__})
+
+
+def job_id(filters: Filters) -> int | None:
+    """The job a search names by its number ("42" or "#42"), else None."""
+    text = (filters.q or "").removeprefix("#")
+    return int(text) if text.isdigit() and 0 < int(text) < MAX_ID else None
+
+
+def params(filters: Filters, now: datetime | None = None) -> dict[str, Any]:
+    """The named queries' parameters; BadFilter with what is wrong."""
+    for value in asdict(filters).values():
+        if value is not None and (len(value) > MAX_TEXT or "\x00" in value):
+            raise BadFilter(f"a filter is at most {MAX_TEXT} characters, with no NUL character")
+    if filters.state is not None and filters.state not in STATES + OUTCOMES:
+        raise BadFilter(f"no state {filters.state!r}: one of {', '.join(STATES + OUTCOMES)}")
+    before = None
+    if filters.before is not None:
+        if not filters.before.isdigit() or int(filters.before) >= MAX_ID:
+            raise BadFilter("before is a job id")
+        before = int(filters.before)
+    prefix, args = None, None
+    q = filters.q
+    if q is not None and job_id(filters) is None:
+        if q.startswith("{"):
+            args = _args_search(q)
+        else:
+            prefix = q
+    now = now or datetime.now(UTC)
+    return {
+        "state": filters.state,
+        "queue": filters.queue,
+        "name": filters.name,
+        "prefix": prefix,
+        "args": args,
+        "since": _moment(filters.since, "created after", now),
+        "until": _moment(filters.until, "created before", now),
+        "before": before,
+    }
+
+
+def _args_search(text: str) -> str | None:
+    """A search for args that contain a JSON object, as the jsonb text to send;
+    None for {}, which every job's args contain (and no index can narrow)."""
+
+    def refuse(constant: str) -> None:
+        raise BadFilter(f"args search: {constant} is not JSON")
+
+    try:
+        value = json.loads(text, parse_constant=refuse)
+    except json.JSONDecodeError as exc:
+        where = f"{exc.msg} at character {exc.pos + 1}"
+        raise BadFilter(f'args search: not JSON ({where}); such as {{"customer_id": 42}}') from None
+    except RecursionError:
+        raise BadFilter("args search: nested too deep") from None
+    if not isinstance(value, dict):
+        raise BadFilter('args search: a JSON object, such as {"customer_id": 42}')
+    if not value:
+        return None
+    sent = json.dumps(value, ensure_ascii=False)
+    if "\\u0000" in sent:
+        # Postgres's jsonb holds no NUL character: no job's args can contain one.
+        raise BadFilter("args search: jsonb holds no \\u0000")
+    return sent
+
+
+def _moment(text: str | None, label: str, now: datetime) -> datetime | None:
+    """A time as typed: "2026-01-02 03:04" (UTC unless it says its zone), or
+    an age ("15m", "2h", "7d") before now."""
+    if text is None:
+        return None
+    relative = _RELATIVE.match(text)
+    if relative:
+        return now - timedelta(**{_UNITS[relative.group(2)]: int(relative.group(1))})
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        example = "2026-01-02 03:04 (UTC), or an age such as 15m, 2h, 7d"
+        raise BadFilter(f"{label}: {text!r} is not a time; {example}") from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+@dataclass(frozen=True)
+class Row:
+    id: int
+    queue: str
+    name: str
+    status: str
+    attempts: int
+    max_attempts: int | None
+    run_at: datetime
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    state: str
+
+
+def page(db: Any, values: dict[str, Any]) -> tuple[list[Row], str | None]:
+    """One page of rows, and the `before` of the next page (None: the last)."""
+    with db.transaction() as tx:
+        tx.exec(f"SET LOCAL statement_timeout = {LIST_TIMEOUT_MS}")
+        rows = [Row(*r) for r in tx.query(Q.admin_job_list, {**values, "limit": PAGE_SIZE + 1})]
+    more = len(rows) > PAGE_SIZE
+    rows = rows[:PAGE_SIZE]
+    return rows, (str(rows[-1].id) if more else None)
+
+
+def counts(db: Any, values: dict[str, Any]) -> dict[str, int | None]:
+    """The rows of each state (and "all") under the other filters, each up to
+    COUNT_CAP + 1 (more than the cap); None for a count the timeout cut short."""
+    found: dict[str, int | None] = {}
+    for state in ("all", *STATES, *OUTCOMES):
+        if state == "err":
+            found[state] = found["failed"]  # the same rows: err: is how a job fails
+            continue
+        # One row past the cap tells "exactly the cap" from "more".
+        asked = {**values, "state": None if state == "all" else state, "cap": COUNT_CAP + 1}
+        try:
+            with db.transaction() as tx:
+                tx.exec(f"SET LOCAL statement_timeout = {COUNT_TIMEOUT_MS}")
+                found[state] = tx.query_row(Q.admin_job_count, asked)[0]
+        except Exception as exc:
+            if not timed_out(exc):
+                raise
+            found[state] = None
+    return found
+
+
+def timed_out(exc: BaseException) -> bool:
+    """The server stopped the statement at its statement_timeout (query_canceled)."""
+    return getattr(exc, "pgcode", None) == "57014"
