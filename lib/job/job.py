@@ -36,9 +36,13 @@ Throttle = Callable[[str, BaseException | None, float], float]
 class Snooze(Exception):
     """Raised by a handler that cannot do its work yet (its API's rate limit is
     exhausted, say): the job returns to pending for `seconds`, the attempt is
-    not counted, nothing is reported, and the status says why."""
+    not counted, nothing is reported, and the status says why.
 
-    def __init__(self, seconds: float, status: str) -> None:
+    hold_queue: the limit is the queue's, not the job's (an API key's rate
+    limit): the job keeps its place at the head of its queue, and the queue
+    takes no job for `seconds`, in any process."""
+
+    def __init__(self, seconds: float, status: str, *, hold_queue: bool = False) -> None:
         if st.kind(status) is not st.Kind.SKIP:
             raise ValueError(f"a snoozed job's status is a skip, not {status!r}")
         # A plain float here, raised to the handler otherwise: the group
@@ -50,6 +54,7 @@ class Snooze(Exception):
         super().__init__(status)
         self.seconds = max(0.0, value)
         self.status = status
+        self.hold_queue = hold_queue
 
 
 def real_seconds(value: object, what: str) -> float:

@@ -1,10 +1,10 @@
 """What every queue that calls a rate-limited API shares: a queue with no
 token is off; what an API's error does to the job is its client's outcome
-table (lib/clients/outcomes.py, Outcome): a rate limit sends the job back until
-the limit resets; a rejected token pauses the queue for an hour (one report
-an hour, not one per job); bad input fails the job, unreported; a transient
-fault (a 5xx, a timeout, a reset) sends it back with backoff, counted, one
-report per run of failures; anything else is a fault (err, reported). A
+table (lib/clients/outcomes.py, Outcome): a rate limit holds the queue until
+the limit resets, in every process, with the job first in line; a rejected
+token pauses the queue for an hour (one report an hour, not one per job);
+bad input fails the job, unreported; a transient fault (a 5xx, a timeout, a
+reset) sends it back with backoff, counted, one report per run of failures; anything else is a fault (err, reported). A
 request that gets no answer and is not safe to send twice, or whose answer
 says it may have been carried out, ends the job, final, with OutcomeUnknown.
 And the throttle that keeps the queue inside its limit."""
@@ -201,7 +201,9 @@ def _rate_limited(policy: _Policy, job: PendingJob, exc: Exception) -> BaseExcep
         return exc
     wait = min(max(_wait(exc, policy.now), 2 * last), MAX_WAIT.total_seconds())
     detail = f"try {tries + 1}, {waited + wait:.0f}s in a row: {exc}" if tries else str(exc)
-    snooze = Snooze(wait, status.rate_limited(wait, detail))
+    # The limit is the API key's, so the queue's: every process waits it out,
+    # and this job stays the queue's next.
+    snooze = Snooze(wait, status.rate_limited(wait, detail), hold_queue=True)
     snooze.__cause__ = exc
     return snooze
 

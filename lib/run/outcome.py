@@ -88,6 +88,7 @@ class Outcome:
     retry_in: float | None = None  # seconds until the retry, when one is due
     counted: bool = True  # whether this attempt counts against max_attempts
     traceback: str | None = None  # the error's, bounded (lib.setup.errors.traceback_text)
+    hold: float = 0.0  # seconds the queue takes no job after this one, in every process
 
     @property
     def stored(self) -> str:
@@ -112,6 +113,10 @@ def decide(happened: Happened, attempts: int, max_attempts: int, *, retry_base: 
     match happened:
         case Returned(status):
             return Outcome(status)
+        case Snoozed(snooze) if snooze.hold_queue:
+            # The queue waits, and the job keeps its place (retry_in 0 keeps
+            # run_at): the first claim after the wait takes it again.
+            return Outcome(st.clean(snooze.status), retry_in=0.0, counted=False, hold=snooze.seconds)
         case Snoozed(snooze):
             # Throttling is not failure: the attempt is not counted.
             return Outcome(st.clean(snooze.status), retry_in=snooze.seconds, counted=False)

@@ -228,7 +228,7 @@ class Poller:
         elapsed = time.monotonic() - start
         # Known before the outcome is written, so the write also holds the
         # queue back for every process; a job cut off by shutdown has none.
-        delay = 0.0 if interrupted else throttle_pause(self.throttle, self.queue, outcome, elapsed)
+        delay = 0.0 if interrupted else max(throttle_pause(self.throttle, self.queue, outcome, elapsed), outcome.hold)
         # Whether stop came is asked now, when the job is done, not when it began.
         look = wakeup is not None and delay == 0 and not (stop and stop.is_set())
         if look and wakeup is not None:

@@ -44,6 +44,7 @@ class Received:
     target: str
     headers: dict[str, str]  # lower-cased names
     body: bytes
+    at: float = field(default_factory=time.monotonic)  # when it arrived
 
     @property
     def path(self) -> str:

@@ -10,6 +10,7 @@ import sys
 from datetime import timedelta
 from pathlib import Path
 
+import gevent
 import pytest
 from conftest import NOW, TOKEN
 from gevent.event import Event
@@ -24,6 +25,7 @@ from lib.run.api_queue import AUTH_PREFIX
 from lib.run.queue import Queue
 from lib.run.runtime import Runtime
 from lib.setup.settings import Settings
+from lib.store.db import DB
 from queues import anthropic, apollo, github, registry, slack
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,21 +69,51 @@ def test_missing_repo_is_a_fail_not_a_fault(db, fake_api, sentry_events):
     assert sentry_events == []
 
 
-def test_rate_limit_sends_the_job_back_until_the_reset(db, fake_api, sentry_events):
+def test_rate_limit_holds_the_queue_until_the_reset_with_the_job_first_in_line(db, fake_api, sentry_events):
     fake_api.reply(429, {"error": "rate limited"}, {"retry-after": "37"})
     job_id = insert(db, "apollo", "apollo.EnrichOrganization", {"domain": "apollo.io"})
+    run_at = db.query_row("SELECT run_at FROM jobs WHERE id = %s", (job_id,))[0]
     result = _apollo(db, fake_api).work_once(stop=STOPPED)  # skip the local 37 s pause
     assert result.startswith("skip: rate limited, resets in 37s: GET /organizations/enrich -> 429")
     assert st.kind(result) is st.Kind.SKIP  # not counted as a fault
     assert sentry_events == []
-    row = db.query_row(
-        "SELECT status, attempts, max_attempts, run_at > now() + interval '30 seconds', last_error FROM jobs WHERE id = %s",
-        (job_id,),
-    )
-    assert row == ("pending", 1, 2, True, result)  # back later, and the attempt does not count
+    row = db.query_row("SELECT status, attempts, max_attempts, run_at, last_error FROM jobs WHERE id = %s", (job_id,))
+    # Pending in its place (run_at as it was), and the attempt does not count.
+    assert row == ("pending", 1, 2, run_at, result)
     # The queue itself is held back for every process until the reset.
     (wait,) = db.query_row("SELECT extract(EPOCH FROM next_claim_at - now()) FROM job_queues WHERE queue = 'apollo'")
     assert 30 < wait <= 37
+
+
+def test_a_rate_limit_holds_the_queue_in_every_process_and_its_job_runs_first_after_the_reset(
+    db, database_url, fake_api, sentry_events
+):
+    """Three workers of the apollo queue, each on a pool and group commit of
+    its own as three processes are. The first request meets a 429 that resets
+    in 2 s: no worker sends another until then, so it is the only 429, and
+    the job that met it runs first after the reset, the rest in order."""
+    fake_api.reply(429, {"error": "rate limited"}, {"retry-after": "2"})
+    for n in range(4):
+        fake_api.reply(200, {"organization": {"id": f"o{n}", "name": f"Org {n}", "primary_domain": f"d{n}.io"}})
+    for n in range(4):
+        insert(db, "apollo", "apollo.EnrichOrganization", {"domain": f"d{n}.io"})
+    pools = [DB.connect(database_url, size=2) for _ in range(3)]
+    stop = Event()
+    loops = [gevent.spawn(_apollo(pool, fake_api, runtime=Runtime.alone(pool)).poll, stop) for pool in pools]
+    try:
+        wait_for(
+            lambda: db.query_row("SELECT count(*) FROM jobs WHERE starts_with(status, 'ok: ')")[0] == 4, timeout=30
+        )
+    finally:
+        stop.set()
+        gevent.joinall(loops, timeout=10)
+        gevent.killall(loops)
+        for pool in pools:
+            pool.close()
+    asked = [r.query["domain"][0] for r in fake_api.received]
+    assert asked == ["d0.io", "d0.io", "d1.io", "d2.io", "d3.io"]
+    assert fake_api.received[1].at - fake_api.received[0].at >= 1.9
+    assert sentry_events == []
 
 
 def test_throttles_are_pure_functions():
@@ -310,13 +342,13 @@ def test_a_path_traversal_in_args_fails_the_job_unsent(db, fake_api, sentry_even
 
 
 @pytest.mark.parametrize("retry_after", ["inf", "1e12", "3153600000"])
-def test_a_huge_retry_after_snoozes_the_job_for_a_day_at_most(db, fake_api, sentry_events, retry_after):
+def test_a_huge_retry_after_holds_the_queue_for_a_day_at_most(db, fake_api, sentry_events, retry_after):
     """inf and 1e12 made the job end err: (an overflow); a century was obeyed."""
     fake_api.reply(429, {"error": "rate limited"}, {"retry-after": retry_after})
     job_id = insert(db, "apollo", "apollo.EnrichOrganization", {"domain": "apollo.io"})
     result = _apollo(db, fake_api).work_once(stop=STOPPED)
     assert result.startswith("skip: rate limited, resets in 86400s"), result
     assert sentry_events == []
-    (state, wait) = db.query_row("SELECT status, extract(EPOCH FROM run_at - now()) FROM jobs WHERE id = %s", (job_id,))
-    assert state == "pending"
+    assert db.query_row("SELECT status, run_at <= now() FROM jobs WHERE id = %s", (job_id,)) == ("pending", True)
+    (wait,) = db.query_row("SELECT extract(EPOCH FROM next_claim_at - now()) FROM job_queues WHERE queue = 'apollo'")
     assert 86000 < wait <= 86400

@@ -575,3 +575,28 @@ def test_a_lone_job_costs_two_round_trips(database_url, db):
         poller.wake()
         g.get(timeout=10)
         pool.close()
+
+
+def test_a_snooze_that_holds_the_queue_gates_it_in_every_process_with_the_job_first(db):
+    """A handler's Snooze(hold_queue=True), on a queue with no throttle: the
+    job stays pending in its place, the queue's gate closes for the snooze's
+    seconds (no poller of any process claims meanwhile), and the job is the
+    queue's next claim once the gate opens."""
+    from lib.job import Snooze
+
+    def limited(job):
+        raise Snooze(30, "skip: the API's key is spent", hold_queue=True)
+
+    first = insert(db, "held", "held.N")
+    second = insert(db, "held", "held.N")
+    run_at = db.query_row("SELECT run_at FROM jobs WHERE id = %s", (first,))[0]
+    stopped = Event()
+    stopped.set()  # no local wait: the gate is what is looked at
+    assert make_poller("held", db, {"held.N": limited}).work_once(stop=stopped) == "skip: the API's key is spent"
+    assert db.query_row("SELECT status, run_at, attempts FROM jobs WHERE id = %s", (first,)) == ("pending", run_at, 1)
+    (wait,) = db.query_row("SELECT extract(EPOCH FROM next_claim_at - now()) FROM job_queues WHERE queue = 'held'")
+    assert 25 < wait <= 30
+    other = make_poller("held", db, {"held.N": lambda job: "ok"})  # another process's
+    assert other.claim() is None
+    db.exec("UPDATE job_queues SET next_claim_at = NULL")  # the reset comes
+    assert other.claim().id == first and second > first

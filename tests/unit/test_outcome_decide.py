@@ -50,6 +50,14 @@ def test_a_snooze_returns_the_job_to_pending_for_its_seconds_uncounted():
         42.0,
         False,
     )
+    assert outcome.hold == 0.0
+
+
+def test_a_snooze_that_holds_the_queue_keeps_the_job_in_its_place_and_holds_the_queue():
+    outcome = decide(Snoozed(Snooze(42.0, "skip: rate limited", hold_queue=True)), 1, 1)
+    assert isinstance(outcome, Outcome)
+    # retry_in 0 keeps run_at: the job stays the queue's next.
+    assert (outcome.stored, outcome.retry_in, outcome.counted, outcome.hold) == (st.PENDING, 0.0, False, 42.0)
 
 
 def test_an_interrupted_job_goes_back_in_its_place_while_attempts_remain():
