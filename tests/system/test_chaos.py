@@ -472,7 +472,7 @@ class Chaos:
     restarted: bool = False
     died_in_batch: int = 0  # workers that killed themselves in a group commit
     replacements: list[float] = field(default_factory=list)  # when to start one
-    started: int = 0  # workers started: every other one goes through the stalling proxy
+    started: int = 0  # workers the plan started: every other one goes through the stalling proxy
 
 
 def insert_batch(db: DB, chaos: Chaos) -> None:
@@ -489,7 +489,15 @@ class Stalls:
     """The planned stalls of the proxy some workers reach the server through,
     one at a time. Each first inserts a long job on every queue and stalls
     once a worker on the proxy runs one (or ARM_SECONDS later all the same):
-    the handler that may not outlive its lease is then mid-run."""
+    the handler that may not outlive its lease is then mid-run.
+
+    A stall falls only while a worker past its start-up reaches the server
+    through the proxy: kills may have taken every such worker, and the
+    replacements of the plan's last kills may all have started while the
+    link was stalled or a stall was armed (they are not sent through it
+    then), so a stall due with none alive asks for one (needs_worker) and
+    arms once it runs; a stall armed whose worker is killed meanwhile is
+    armed again rather than falling on nobody."""
 
     def __init__(self, plan: list[tuple[float, float]], proxy: Proxy, db: DB, inserted: set[int]) -> None:
         self.plan = plan
@@ -501,6 +509,9 @@ class Stalls:
         self.until: float | None = None  # the end of the stall under way
         self.mid_run = 0  # stalls that fell on a proxied worker's long run
         self.long_jobs = 0
+        self.fell_on: list[list[int]] = []  # per stall, the pids of the workers on the proxy when it fell
+        self.rearmed = 0  # armed stalls whose every worker on the proxy was killed before they fell
+        self.workers_asked = 0  # workers started through the proxy because a stall found none
 
     def step(self, elapsed: float, workers: Workers) -> None:
         if self.until is not None:
@@ -513,22 +524,55 @@ class Stalls:
             since, long_jobs = self.armed
             running = self._running_on_proxy(long_jobs, workers)
             if running or elapsed >= since + ARM_SECONDS:
+                on_proxy = self._on_proxy(workers)
+                if not on_proxy:
+                    self.armed = None
+                    self.rearmed += 1
+                    print(
+                        f"\nstall {self.done + 1} at {elapsed:.1f}s: every worker on the proxy was killed while it was armed; arming again"
+                    )
+                    return
                 self.mid_run += running
+                self.fell_on.append(on_proxy)
                 self.proxy.stall()
                 self.until = elapsed + self.plan[self.done][1]
                 self.armed = None
             return
         # Only under workers past their start-up: one that cannot migrate exits.
-        due = self.done < len(self.plan) and elapsed >= self.plan[self.done][0]
-        if due and workers.all_ready() and any(p.stalls for p in workers.alive()):
+        if self._due(elapsed) and workers.all_ready() and self._on_proxy(workers):
             jobs = [Job(q, "chaos.Run", {"ms": LONG_RUN * 1000}, max_attempts=MAX_ATTEMPTS) for q in QUEUES]
             long_jobs = insert_many(self.db, jobs)
             self.inserted.update(long_jobs)
             self.long_jobs += len(long_jobs)
             self.armed = (elapsed, long_jobs)
 
+    def needs_worker(self, elapsed: float, workers: Workers) -> bool:
+        """A stall is due and cannot fall: every worker has started up and none
+        of them reaches the server through the proxy."""
+        return (
+            self._due(elapsed)
+            and self.armed is None
+            and self.until is None
+            and workers.all_ready()
+            and not self._on_proxy(workers)
+        )
+
+    def asked_worker(self, elapsed: float, proc: Proc) -> None:
+        self.workers_asked += 1
+        print(
+            f"\nstall {self.done + 1} due at {self.plan[self.done][0]:.1f}s found no live worker on the proxy"
+            f" at {elapsed:.1f}s: started {proc.log.stem} (pid {proc.pid}) through it"
+        )
+
+    def _due(self, elapsed: float) -> bool:
+        return self.done < len(self.plan) and elapsed >= self.plan[self.done][0]
+
+    @staticmethod
+    def _on_proxy(workers: Workers) -> list[int]:
+        return [p.pid for p in workers.alive() if p.stalls]
+
     def _running_on_proxy(self, long_jobs: list[int], workers: Workers) -> bool:
-        pids = [p.pid for p in workers.alive() if p.stalls]
+        pids = self._on_proxy(workers)
         rows = self.db.query(
             "SELECT 1 FROM chaos_runs s WHERE s.event = 'start' AND s.job_id = ANY(%s) AND s.pid = ANY(%s)"
             " AND NOT EXISTS (SELECT 1 FROM chaos_runs e WHERE e.event = 'end' AND e.job_id = s.job_id"
@@ -542,20 +586,32 @@ class Stalls:
         return self.until is not None
 
     @property
+    def busy(self) -> bool:
+        """Armed or stalled: a worker started now could be in its start-up when the link stalls."""
+        return self.armed is not None or self.until is not None
+
+    @property
     def finished(self) -> bool:
         return self.done == len(self.plan) and self.until is None and self.armed is None
 
 
 class RowLocks:
     """The planned row locks: another session takes a started row, as a
-    user's transaction might, and holds it for a while; one at a time."""
+    user's transaction might, and holds it for a while; one at a time.
 
-    def __init__(self, plan: list[tuple[float, float]], url: str) -> None:
+    A lock due once every job has ended (the workers may drain the batches
+    before the last lock falls) inserts a long job of its own to take, so
+    there is always a started row to come."""
+
+    def __init__(self, plan: list[tuple[float, float]], url: str, db: DB, inserted: set[int]) -> None:
         self.plan = plan
         self.url = url
+        self.db = db
+        self.inserted = inserted
         self.done = 0
         self.held: tuple[psycopg2.extensions.connection, float] | None = None
         self.rows: list[int] = []
+        self.own_jobs = 0  # jobs inserted for a lock that found nothing left to run
 
     def step(self, elapsed: float) -> None:
         if self.held is not None:
@@ -582,9 +638,18 @@ class RowLocks:
             row = None  # the server restarts: later
         if row is None:
             self._end(conn, commit=False)
+            if count(self.db, "status IN ('pending', 'started')") == 0:
+                self._insert_own_job()
             return
         self.rows.append(row[0])
         self.held = (conn, until)
+
+    def _insert_own_job(self) -> None:
+        queue = QUEUES[self.done % len(QUEUES)]
+        job = Job(queue, "chaos.Run", {"ms": LONG_RUN * 1000}, max_attempts=MAX_ATTEMPTS)
+        self.inserted.update(insert_many(self.db, [job]))
+        self.own_jobs += 1
+        print(f"\nrow lock {self.done + 1} found no job left to run: inserted a long one on {queue} to take")
 
     def _end(self, conn: psycopg2.extensions.connection, commit: bool) -> None:
         try:
@@ -611,11 +676,18 @@ class Faults:
     locks: RowLocks
 
     def start(self, workers: Workers, chaos: Chaos, **env: str) -> Proc:
-        """Every other worker goes through the stalling proxy, unless it is
-        stalled now: a worker cannot start through a stalled link."""
-        proxied = chaos.started % 2 == 1 and not self.stalls.stalled
+        """Every other worker goes through the stalling proxy, unless a stall
+        is armed or under way: a worker cannot start through a stalled link."""
+        proxied = chaos.started % 2 == 1 and not self.stalls.busy
         chaos.started += 1
         return workers.start(self.stalls.proxy if proxied else None, **env)
+
+    def start_for_stall(self, elapsed: float, workers: Workers, chaos: Chaos) -> None:
+        """A worker through the proxy when a stall is due and none is alive,
+        once the worker set to die in a group commit has (it runs alone) and
+        the replacements due have started (one of them may go through it)."""
+        if chaos.died_in_batch and not chaos.replacements and self.stalls.needs_worker(elapsed, workers):
+            self.stalls.asked_worker(elapsed, workers.start(self.stalls.proxy))
 
 
 def step(chaos: Chaos, elapsed: float, db: DB, server: ChaosServer, workers: Workers, faults: Faults) -> None:
@@ -638,6 +710,7 @@ def step(chaos: Chaos, elapsed: float, db: DB, server: ChaosServer, workers: Wor
         chaos.kills += 1
         # Replaced after a while: between blows two or three workers run.
         chaos.replacements.append(elapsed + chaos.rng.uniform(0.0, 1.5))
+    faults.start_for_stall(elapsed, workers, chaos)
     faults.stalls.step(elapsed, workers)
     faults.locks.step(elapsed)
     # The server is cut only under workers past their start-up: a worker that
@@ -696,7 +769,8 @@ def test_chaos_keeps_every_guarantee(chaos_server: ChaosServer, chaos_db: tuple[
     chaos = Chaos(Plan.draw(seed), random.Random(seed + 1))
     began = time.monotonic()
     proxy = Proxy(url)
-    faults = Faults(Stalls(chaos.plan.stalls, proxy, db, chaos.inserted), RowLocks(chaos.plan.row_locks, url))
+    stalls = Stalls(chaos.plan.stalls, proxy, db, chaos.inserted)
+    faults = Faults(stalls, RowLocks(chaos.plan.row_locks, url, db, chaos.inserted))
     with Workers(url, tmp_path) as workers:
         try:
             drive(chaos, db, chaos_server, workers, faults)
@@ -715,8 +789,10 @@ def test_chaos_keeps_every_guarantee(chaos_server: ChaosServer, chaos_db: tuple[
     print(
         f"stalls={faults.stalls.done} mid_run={faults.stalls.mid_run} long_jobs={faults.stalls.long_jobs}"
         f" {chaos.plan.stalls}"
-        f" stalled_workers={sum(p.stalls for p in workers.procs)}"
+        f" stalled_workers={sum(p.stalls for p in workers.procs)} workers_asked={faults.stalls.workers_asked}"
+        f" rearmed={faults.stalls.rearmed} fell_on={faults.stalls.fell_on}"
         f" row_locks={faults.locks.done} {chaos.plan.row_locks} rows={faults.locks.rows}"
+        f" own_jobs={faults.locks.own_jobs}"
     )
     if report.violations:
         dump(db, tmp_path)
@@ -724,8 +800,10 @@ def test_chaos_keeps_every_guarantee(chaos_server: ChaosServer, chaos_db: tuple[
     # The chaos really happened, and the run really ran.
     assert chaos.kills == KILLS and chaos_server.restarts >= 1 and chaos.terminated > 0
     assert faults.stalls.done == STALLS and faults.locks.done == ROW_LOCKS
+    # Each stall held the link of at least one live worker.
+    assert len(faults.stalls.fell_on) == STALLS and all(faults.stalls.fell_on)
     assert report.max_overlap == 1
-    assert len(report.jobs) == BATCHES * BATCH_SIZE + faults.stalls.long_jobs
+    assert len(report.jobs) == BATCHES * BATCH_SIZE + faults.stalls.long_jobs + faults.locks.own_jobs
 
 
 def summary(db: DB, report: Report, chaos: Chaos, restarts: int, workers: int, seconds: float) -> str:
