@@ -6,7 +6,7 @@ import logging  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
-from collections.abc import Callable, Sequence  # noqa: E402
+from collections.abc import Callable, Iterable, Sequence  # noqa: E402
 from dataclasses import replace  # noqa: E402
 from datetime import UTC, datetime, timedelta  # noqa: E402
 from functools import partial  # noqa: E402
@@ -423,6 +423,8 @@ def run(
             db,
             admin_token=settings.admin_token,
             queues=[p.queue for p in pollers],
+            registered=registered,
+            schedule=schedule,
             listener=listener,
             supervisor=supervisor,
             committer=committer,
@@ -459,7 +461,7 @@ def run(
     return 0
 
 
-def _say_unrun(db: DB, registered: Sequence[str]) -> None:
+def _say_unrun(db: DB, registered: Iterable[str]) -> None:
     """Once at start: rows of a queue that no registered queue is (a typo in
     an enqueue, a queue taken out) wait for ever, and only this line says so."""
     try:
@@ -486,22 +488,24 @@ def _router(pollers: Sequence[Poller]) -> Callable[[str], None]:
 
 def _queues_to_run(
     db: DB, registry: Registry, only: frozenset[str] | None = None, outage: Outage | None = None
-) -> tuple[list[Queue], list[str], dedupe.Waiting]:
+) -> tuple[list[Queue], dict[str, str | None], dedupe.Waiting]:
     """Define the queues; say once which are off and why, declare the job
     names that dedupe, and end the pauses a rejected token caused (this
     start may be the one after the token was fixed). The queues that run
     (those of `only`, JOBS_QUEUES, when given), every registered queue, the
     off ones too (their rows wait for a token or another process, not for a
-    queue that does not exist), and the declarations that must wait for
-    transactions that wrote jobs, for the worker to retry while it runs."""
-    queues, registered = [], []
+    queue that does not exist), each with why it is off (None: on), and the
+    declarations that must wait for transactions that wrote jobs, for the
+    worker to retry while it runs."""
+    queues: list[Queue] = []
+    registered: dict[str, str | None] = {}
     declaring = dedupe.Waiting(db, outage)
     made: list[Queue] = setup_check.defined(registry, db)
     unknown = sorted((only or set()) - {q.name for q in made})
     if unknown:
         raise SettingError(f"JOBS_QUEUES names queues that are not registered: {', '.join(unknown)}")
     for queue in made:
-        registered.append(queue.name)
+        registered[queue.name] = queue.disabled_reason
         if only is not None and queue.name not in only:
             continue
         if queue.disabled_reason:

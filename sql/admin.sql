@@ -20,14 +20,10 @@ ORDER BY finished_at DESC
 LIMIT %(limit)s
 
 -- name: admin_job_list
--- One page of the jobs list, newest (highest id) first, below the cursor id before; filtered by state, queue, exact name, name prefix, args containment (served by jobs_args) and created_at range; each row with the state it shows.
+-- One page of the jobs list, newest (highest id) first, below the cursor id before; filtered by state, queue, exact name, name prefix, args containment (served by jobs_args) and created_at range; each row with what its state is read from (lib/http/admin/jobs.py's state_of).
 -- plan: custom
 SELECT id, queue, name, status, attempts, max_attempts, run_at, created_at, started_at, finished_at,
-       CASE WHEN status = 'pending' AND attempts > 0 AND last_error IS NOT NULL THEN 'retrying'
-            WHEN status = 'pending' AND run_at > now() THEN 'scheduled'
-            WHEN status = 'pending' THEN 'pending'
-            WHEN status = 'started' THEN 'running'
-            ELSE split_part(status, ': ', 1) END AS state
+       last_error IS NOT NULL AS erred
 FROM jobs
 WHERE (%(before)s::bigint IS NULL OR id < %(before)s::bigint)
   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
@@ -86,3 +82,99 @@ WITH moved AS (
   RETURNING id, queue
 )
 SELECT id, pg_notify('jobs', queue) FROM moved
+
+-- name: admin_queue_rates
+-- Per queue given, and for every queue (''), the jobs finished in the minutes rolled up from a moment on and how many minutes those were: the queues page's rate, read through job_minutes' key.
+SELECT q.queue, coalesce(sum(m.ok + m.fail + m.skip + m.err), 0)::int, count(*)::int
+FROM unnest(array_append(%(queues)s::text[], '')) AS q(queue)
+JOIN job_minutes m ON m.queue = q.queue AND m.minute >= %(since)s::timestamptz
+GROUP BY q.queue
+
+-- name: admin_queue_rate_limited
+-- Of the given queues, each whose head job (the next the claim takes, read through jobs_claim) last came back rate limited by its API, with that status: the throttle holding the queue is the API's limit.
+SELECT q.queue, h.last_error
+FROM unnest(%(queues)s::text[]) AS q(queue)
+CROSS JOIN LATERAL (
+  SELECT last_error FROM jobs
+  WHERE status = 'pending' AND queue = q.queue
+  ORDER BY priority DESC, run_at, id
+  LIMIT 1
+) AS h
+WHERE starts_with(h.last_error, 'skip: rate limited')
+
+-- name: admin_clock_last_fired
+-- For each schedule entry given (name and entry key, in two arrays of one order), the latest minute any clock fired it, as clock_last_fired reads it; one look-up in clock_ticks' key each.
+SELECT e.name, e.entry,
+       (SELECT max(t.minute) FROM clock_ticks t WHERE t.name = e.name AND t.entry IN (e.entry, ''))
+FROM unnest(%(names)s::text[], %(entries)s::text[]) AS e(name, entry)
+
+-- name: admin_worker_handles
+-- The job names each of the given workers handles, per queue (a JSON object; empty for a release that writes none).
+SELECT id, coalesce(handles, '{}'::jsonb) FROM workers WHERE id = ANY(%(ids)s::text[])
+
+-- name: admin_job_bulk_cancel
+-- Cancel, in one statement, the pending jobs (of one pending state: pending, scheduled or retrying) the jobs list's other filters match, with the operator's status; the ids ended, at most cap + 1 (past the cap the caller rolls back). A job claimed meanwhile is left to run.
+-- plan: custom
+WITH chosen AS (
+  SELECT id FROM jobs
+  WHERE status = 'pending'
+    AND (%(state)s::text = 'pending'
+      OR (%(state)s::text = 'scheduled' AND run_at > now())
+      OR (%(state)s::text = 'retrying' AND attempts > 0 AND last_error IS NOT NULL))
+    AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+    AND (%(name)s::text IS NULL OR name = %(name)s::text)
+    AND (%(prefix)s::text IS NULL OR starts_with(name, %(prefix)s::text))
+    AND (%(args)s::jsonb IS NULL OR args @> %(args)s::jsonb)
+    AND (%(since)s::timestamptz IS NULL OR created_at >= %(since)s::timestamptz)
+    AND (%(until)s::timestamptz IS NULL OR created_at < %(until)s::timestamptz)
+  LIMIT %(cap)s::int + 1
+  FOR UPDATE SKIP LOCKED
+)
+UPDATE jobs j SET status = %(status)s, finished_at = now()
+FROM chosen c
+WHERE j.id = c.id AND j.status = 'pending'
+RETURNING j.id
+
+-- name: admin_job_bulk_retry
+-- Retry, in one statement, the failed (err:) jobs the jobs list's other filters match, as job_redrive does (pending again, one more attempt; of identical failed copies of a deduped job only the newest, none while a copy is pending or started); one row per matched job, skipped NULL when retried, else why not; at most cap + 1 matched (past the cap the caller rolls back).
+-- plan: custom
+WITH chosen AS (
+  SELECT j.id, j.queue, j.name, j.args, j.finished_at,
+         EXISTS (SELECT 1 FROM job_dedupe_names d WHERE d.queue = j.queue AND d.name = j.name) AS dedupe
+  FROM jobs j
+  WHERE starts_with(j.status, 'err: ')
+    AND (%(queue)s::text IS NULL OR j.queue = %(queue)s::text)
+    AND (%(name)s::text IS NULL OR j.name = %(name)s::text)
+    AND (%(prefix)s::text IS NULL OR starts_with(j.name, %(prefix)s::text))
+    AND (%(args)s::jsonb IS NULL OR j.args @> %(args)s::jsonb)
+    AND (%(since)s::timestamptz IS NULL OR j.created_at >= %(since)s::timestamptz)
+    AND (%(until)s::timestamptz IS NULL OR j.created_at < %(until)s::timestamptz)
+  LIMIT %(cap)s::int + 1
+),
+ranked AS (
+  SELECT c.id, c.dedupe,
+         first_value(c.id) OVER (PARTITION BY c.queue, c.name, md5(c.args::text)
+                                 ORDER BY c.finished_at DESC NULLS LAST, c.id DESC) AS newest,
+         (SELECT min(o.id) FROM jobs o
+          WHERE c.dedupe AND o.queue = c.queue AND o.name = c.name
+            AND md5(o.args::text) = md5(c.args::text) AND o.dedupe AND o.status IN ('pending', 'started')) AS live
+  FROM chosen c
+),
+retried AS (
+  UPDATE jobs j
+  SET status = 'pending', run_at = now(), finished_at = NULL, started_at = NULL,
+      max_attempts = j.attempts + 1, worker_id = NULL, slot = NULL, lease_until = NULL,
+      dedupe = r.dedupe
+  FROM ranked r
+  WHERE j.id = r.id
+    AND starts_with(j.status, 'err: ')
+    AND NOT (r.dedupe AND (r.live IS NOT NULL OR r.id <> r.newest))
+  RETURNING j.id
+)
+SELECT id, NULL::text AS skipped FROM retried
+UNION ALL
+SELECT id, 'job ' || CASE WHEN live IS NOT NULL THEN live || ', a copy of it, is already pending or started'
+                           ELSE newest || ', a newer failure of the same job, was retried' END
+FROM ranked
+WHERE dedupe AND (live IS NOT NULL OR id <> newest)
+ORDER BY id

@@ -76,6 +76,29 @@ class Scheduled:
 # Cadences. Each returns a predicate on a UTC datetime; seconds are ignored.
 
 
+@dataclass(frozen=True)
+class Cadence:
+    """A predicate one of the makers below made, which says how it was made
+    (`every(15)`): the schedule page shows it as it was written."""
+
+    text: str
+    at: Predicate
+
+    def __call__(self, t: datetime) -> bool:
+        return self.at(t)
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def written(pred: Predicate) -> str:
+    """A predicate as the schedule wrote it: a cadence's own text, else the
+    function's name."""
+    if not hasattr(pred, "__qualname__"):  # a Cadence, a cron entry: they say it themselves
+        return str(pred)
+    return pred.__qualname__.replace(".<locals>", "")
+
+
 def _int_in(value: int, low: int, high: int, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise ValueError(f"{what} must be an int from {low} to {high}, got {value!r}")
@@ -98,13 +121,13 @@ def every(minutes: int) -> Predicate:
         t = _utc(t)
         return (t.hour * 60 + t.minute) % minutes == 0
 
-    return at
+    return Cadence(f"every({minutes})", at)
 
 
 def hourly(minute: int) -> Predicate:
     """At :MM of every hour."""
     _int_in(minute, 0, 59, "hourly(minute)")
-    return lambda t: _utc(t).minute == minute
+    return Cadence(f"hourly({minute})", lambda t: _utc(t).minute == minute)
 
 
 def daily(hour: int, minute: int) -> Predicate:
@@ -116,14 +139,14 @@ def daily(hour: int, minute: int) -> Predicate:
         t = _utc(t)
         return t.hour == hour and t.minute == minute
 
-    return at
+    return Cadence(f"daily({hour}, {minute})", at)
 
 
 def weekdays(pred: Predicate) -> Predicate:
     """pred, Monday to Friday (UTC) only."""
     if not callable(pred):
         raise ValueError("weekdays(pred): pred must be a predicate on a UTC datetime")
-    return lambda t: _utc(t).weekday() < 5 and pred(t)
+    return Cadence(f"weekdays({written(pred)})", lambda t: _utc(t).weekday() < 5 and pred(t))
 
 
 def floor_minute(t: datetime) -> datetime:

@@ -16,17 +16,44 @@ clock: the skipped hour has no runs and the repeated one has its own.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
 
-from lib.background.clock import Predicate, floor_minute
+from lib.background.clock import floor_minute
 
 MINUTE = timedelta(minutes=1)
 
 
-def cron(expr: str, tz: str = "UTC") -> Predicate:
+@dataclass(frozen=True)
+class Cron:
+    """A cron cadence: the predicate, with the string and zone it was built
+    from, so a reader of the schedule (the admin page) can list its runs
+    from cronsim instead of asking the predicate minute by minute."""
+
+    expr: str
+    tz: str
+
+    def __call__(self, t: datetime) -> bool:
+        # The entry's next run after the minute before this one is this minute:
+        # cronsim decides the runs a gap or a repeated hour moves or drops.
+        minute = floor_minute(t)
+        return next(self.runs(minute - MINUTE)) == minute
+
+    def __str__(self) -> str:
+        return f"cron({self.expr!r})" if self.tz == "UTC" else f"cron({self.expr!r}, tz={self.tz!r})"
+
+    def runs(self, after: datetime) -> Iterator[datetime]:
+        """The UTC minutes the entry fires at after `after`, in order: the
+        minutes this predicate matches."""
+        for run in CronSim(self.expr, after.astimezone(ZoneInfo(self.tz))):
+            yield run.astimezone(UTC)
+
+
+def cron(expr: str, tz: str = "UTC") -> Cron:
     """The minutes `expr` names in the zone `tz` (an IANA name). ValueError,
     naming the string, for one that is not five cron fields or that no
     date can match, and for a zone zoneinfo does not know."""
@@ -40,11 +67,4 @@ def cron(expr: str, tz: str = "UTC") -> Predicate:
         next(CronSim(expr, datetime.now(zone)))
     except (CronSimError, StopIteration) as exc:
         raise ValueError(f"cron({expr!r}): {exc or 'no date matches it'}") from None
-
-    def at(t: datetime) -> bool:
-        # The entry's next run after the minute before this one is this minute:
-        # cronsim decides the runs a gap or a repeated hour moves or drops.
-        minute = floor_minute(t)
-        return next(CronSim(expr, (minute - MINUTE).astimezone(zone))).astimezone(UTC) == minute
-
-    return at
+    return Cron(expr, tz)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from gevent.event import Event
@@ -208,6 +208,8 @@ def worker_app(
     *,
     admin_token: str | None,
     queues: Iterable[str],
+    registered: Mapping[str, str | None] | None = None,
+    schedule: Sequence[Any] = (),
     listener: Any,
     supervisor: Any,
     committer: Any,
@@ -215,7 +217,9 @@ def worker_app(
     outage: Any,
 ) -> App:
     """The app over a running worker's own objects: its pool, listener,
-    supervisor, group commit and queues (shown even while they have no rows)."""
+    supervisor, group commit and queues (shown even while they have no rows);
+    the admin page also gets every registered queue with why it is off (None:
+    on) and the clock's schedule."""
     queues = sorted(set(queues))
     registry = metrics.registry(
         db,
@@ -233,5 +237,13 @@ def worker_app(
         # worker without JOBS_ADMIN_TOKEN never uses.
         from lib.http.admin import Admin
 
-        admin = Admin(db, admin_token, queue_stats=overview.queue_stats, workers=overview.workers, queues=queues)
+        admin = Admin(
+            db,
+            admin_token,
+            queue_stats=overview.queue_stats,
+            workers=overview.workers,
+            queues=queues,
+            registered=registered or {},
+            schedule=schedule,
+        )
     return make_app(Health(db, listener=listener, stop=stop), registry, admin=admin)

@@ -16,6 +16,10 @@ from http_support import serving
 from proxy import Proxy
 
 import lib.http.admin
+import lib.http.admin.bulk
+from lib.background import worker_registry
+from lib.background.clock import Scheduled, daily, every, weekdays
+from lib.background.cron import cron
 from lib.http import metrics
 from lib.http.admin import Admin, jobs
 from lib.http.health import Health
@@ -119,7 +123,10 @@ def test_a_post_without_the_sessions_csrf_token_is_refused(db):
             f"{base}/admin/pause", data={"queue": "mail", "reason": "x", "csrf": csrf_of(session, base)}
         )
         assert answer.status_code == 200 and "paused mail until resumed: x" in answer.text
-    assert db.query_row("SELECT pause_reason FROM job_queues WHERE queue = 'mail'")[0] == "x"
+    # The pause keeps who paused it: a fingerprint of the session, not the cookie.
+    assert re.fullmatch(
+        r"x \(session [0-9a-f]{8}, admin page\)", db.query_row("SELECT pause_reason FROM job_queues")[0]
+    )
 
 
 def test_pause_for_minutes_resume_and_what_a_pause_needs(db):
@@ -523,3 +530,304 @@ def test_hostile_names_args_errors_and_searches_are_escaped(db):
         assert "<img" not in page
         assert "&lt;img src=x onerror=alert(1)&gt;" in page
     assert f'<tr data-id="{job}"' in pages[2] and f'<tr data-id="{job}"' in pages[4]
+
+
+# -- the queues, one queue, the charts, the schedule, the workers, the live numbers, bulk actions
+
+
+@contextmanager
+def whole_site(db, **options):
+    """The site as a worker builds it: its own queues, the registry with the off ones, a schedule."""
+    admin = Admin(
+        db,
+        TOKEN,
+        queue_stats=overview.queue_stats,
+        workers=overview.workers,
+        queues=["mail"],
+        registered={"mail": None, "sms": None, "github": "GITHUB_TOKEN is not set"},
+        **options,
+    )
+    with serving(make_app(Health(db), metrics.registry(), admin=admin)) as base:
+        yield base
+
+
+def get(base: str, path: str, **params: str) -> str:
+    answer = requests.get(f"{base}{path}", params=params, headers=AUTH, timeout=10)
+    assert answer.status_code == 200, (path, answer.status_code, answer.text[:500])
+    return answer.text
+
+
+def queue_row(page: str, queue: str) -> str:
+    found = re.search(rf'<tr data-queue="{re.escape(html.escape(queue))}" data-run="(\w+)">(.*?)</tr>', page, re.S)
+    assert found, queue
+    return found.group(1) + " " + found.group(2)
+
+
+def test_the_queues_page_lists_run_off_idle_and_unrun_queues(db):
+    worker_registry.register(db, "vm-1:1:aa", ["mail"], 30.0, [("mail", ["mail.Send"])])
+    make_job(db, "mial", "mail.Send")  # a typo in an enqueue: rows no worker will take
+    with whole_site(db) as base:
+        page = get(base, "/admin/")
+        assert queue_row(page, "mail").startswith("running") and "run by 1 worker" in queue_row(page, "mail")
+        github = queue_row(page, "github")
+        assert github.startswith("off") and "GITHUB_TOKEN is not set" in github
+        assert queue_row(page, "sms").startswith("idle") and "no live worker" in queue_row(page, "sms")
+        unrun = queue_row(page, "mial")
+        assert unrun.startswith("unrun") and "no worker" in unrun
+        # Pause is offered where a worker runs the queue or would: not for one that is off or unrun.
+        assert 'action="/admin/pause"' in queue_row(page, "mail") and 'action="/admin/pause"' in queue_row(page, "sms")
+        assert 'action="/admin/pause"' not in github and 'action="/admin/pause"' not in unrun
+        assert 'href="/admin/jobs?queue=mial"' in unrun
+        session = log_in(base)
+        csrf = csrf_of(session, base)
+        for queue in ("mial", "github"):
+            said = session.post(f"{base}/admin/pause", data={"queue": queue, "reason": "x", "csrf": csrf}).text
+            assert f"not paused: no live worker runs {queue}" in said
+        assert not db.query("SELECT * FROM job_queues")
+
+
+def test_the_state_says_who_paused_until_when_throttled_until_when_and_rate_limited(db):
+    db.exec(
+        "INSERT INTO job_queues (queue, paused_until, pause_reason, next_claim_at) VALUES"
+        " ('mail', now() + interval '25 minutes', 'deploy (session 0123abcd, admin page)', NULL),"
+        " ('sms', NULL, NULL, now() + interval '0.4 seconds'),"
+        " ('github', NULL, NULL, now() + interval '90 seconds')"
+    )
+    make_job(db, "github", "github.Sync", attempts=0, last_error="skip: rate limited, resets in 90s: 429 from GitHub")
+    with whole_site(db) as base:
+        page = html.unescape(get(base, "/admin/"))
+    assert re.search(r"paused until \d\d:\d\d:\d\dZ \(for 2[45]m\d\ds\)", queue_row(page, "mail"))
+    assert "deploy (session 0123abcd, admin page)" in queue_row(page, "mail")
+    sms = queue_row(page, "sms")
+    assert re.search(r"throttled until \d\d:\d\d:\d\dZ \(for 0\.\ds\)", sms), sms
+    assert "for 0s" not in page
+    github = queue_row(page, "github")
+    assert re.search(r"rate limited until \d\d:\d\d:\d\dZ \(for 1m\d\ds\)", github), github
+    assert "resets in 90s: 429 from GitHub" in github
+
+
+def plant_minutes(db, queue: str, minutes: int, *, ok: int = 2, err: int = 0, backlog: int = 5) -> None:
+    """Rows of the rollup for the minutes before this one, for the queue and for every queue ('')."""
+    for q in (queue, ""):
+        db.exec(
+            "INSERT INTO job_minutes (queue, minute, ok, err, latency_p50, latency_p95, backlog)"
+            " SELECT %s, date_trunc('minute', now()) - n * interval '1 minute', %s, %s, 0.2, 1.5, %s"
+            " FROM generate_series(1, %s) AS n",
+            (q, ok, err, backlog, minutes),
+        )
+
+
+def test_the_rate_and_the_charts_read_the_rollup(db):
+    plant_minutes(db, "mail", 30, ok=2, err=1)
+    with whole_site(db) as base:
+        page = get(base, "/admin/")
+        # 3 finished a minute in each of the last 15 minutes rolled up.
+        assert re.search(r'class="n rate"[^>]*>3/min<', queue_row(page, "mail"))
+        assert re.search(r'class="n rate"[^>]*>-<', queue_row(page, "sms")) is None  # rolled up: 0, not unknown
+        assert re.search(r'class="n rate"[^>]*>0/min<', queue_row(page, "sms"))
+        charts = re.search(r'<section class="charts" id="charts" data-window="hour">(.*?)</section>', page, re.S)
+        assert charts.group(1).count("<svg") == 3
+        assert charts.group(1).count('fill="#2e7d32"') == 30  # a bar of ok jobs for each planted minute
+        assert "Finished per minute: 60 ok, 0 fail, 0 skip, 30 err" in page
+        assert "<polyline" in charts.group(1)
+        day = get(base, "/admin/", window="day")
+        assert 'data-window="day"' in day and "Finished per 10 minutes" in day
+        one = get(base, "/admin/queue", queue="mail")
+        assert 'id="charts-hour"' in one and 'id="charts-day"' in one
+        assert one.count("<svg") == 6 and 'href="/admin/jobs?queue=mail"' in one
+        empty = get(base, "/admin/queue", queue="sms")
+        assert "No minute of this window is rolled up yet" in empty
+        missing = requests.get(f"{base}/admin/queue", params={"queue": "nope"}, headers=AUTH, timeout=5)
+        assert missing.status_code == 404 and "No queue &#39;nope&#39;" in missing.text
+
+
+def test_the_schedule_page_shows_cadence_next_runs_and_last_fired(db):
+    entries = [
+        Scheduled("mail", "mail.Digest", every(15), args={"to": "team"}),
+        Scheduled("mail", "mail.Report", cron("0 9 * * 1-5", tz="Europe/Paris"), catch_up=True),
+        Scheduled("sms", "sms.Nightly", weekdays(daily(3, 17))),
+    ]
+    db.exec(
+        "INSERT INTO clock_ticks (name, entry, minute) VALUES (%s, %s, date_trunc('minute', now()) - interval '3 minutes')",
+        (entries[0].name, entries[0].key),
+    )
+    with whole_site(db, schedule=entries) as base:
+        page = html.unescape(get(base, "/admin/schedule"))
+    rows = dict(re.findall(r'<tr data-name="([^"]+)">(.*?)</tr>', page, re.S))
+    assert "every(15)" in rows["mail.Digest"] and '{"to": "team"}' in rows["mail.Digest"]
+    assert "cron('0 9 * * 1-5', tz='Europe/Paris')" in rows["mail.Report"] and "catches up" in rows["mail.Report"]
+    assert "weekdays(daily(3, 17))" in rows["sms.Nightly"]
+    assert len(re.findall(r"<li title=", rows["mail.Digest"])) == 3
+    assert len(re.findall(r"<li title=", rows["mail.Report"])) == 3  # cron's runs: days ahead, from cronsim
+    assert re.search(r'data-live="entry:0:fired">3m\d\ds ago<', rows["mail.Digest"])
+    assert "not in the last 3 days" in rows["mail.Report"]
+
+
+def test_the_workers_page_shows_each_workers_queues_and_handled_names(db):
+    worker_registry.register(db, "vm-1:4242:ab12cd34", ["mail", "sms"], 30.0, [("mail", ["mail.Send", "mail.Bounce"])])
+    with whole_site(db) as base:
+        page = get(base, "/admin/workers")
+    row = re.search(r'<tr data-worker="vm-1:4242:ab12cd34">(.*?)</tr>', page, re.S).group(1)
+    assert "4242" in row and "alive" in row
+    assert "mail.Bounce, mail.Send" in row and 'href="/admin/queue?queue=sms"' in row
+
+
+def test_live_numbers_follow_the_rows_and_need_a_login(db):
+    worker_registry.register(db, "vm-1:1:aa", ["mail"], 30.0)
+    with whole_site(db, schedule=[Scheduled("mail", "mail.Digest", every(15))]) as base:
+        answer = requests.get(f"{base}/admin/live", params={"page": "queues"}, headers=AUTH, timeout=5)
+        assert answer.headers["Content-Type"] == "application/json"
+        numbers = answer.json()["numbers"]
+        assert numbers["queue:mail:pending"] == "0" and numbers["queue:github:pending"] == "0"
+        make_job(db, "mail", "mail.Send")
+        again = requests.get(f"{base}/admin/live", params={"page": "queues"}, headers=AUTH, timeout=5).json()
+        assert again["numbers"]["queue:mail:pending"] == "1"
+        # Each number the page shows has the key its refresh writes.
+        page = get(base, "/admin/")
+        assert set(re.findall(r'data-live="([^"]+)"', page)) <= set(numbers)
+        one = requests.get(f"{base}/admin/live?page=queue&queue=mail", headers=AUTH, timeout=5).json()["numbers"]
+        assert "queue:mail:pending" in one and "queue:github:pending" not in one
+        workers = requests.get(f"{base}/admin/live?page=workers", headers=AUTH, timeout=5).json()["numbers"]
+        assert workers["worker:vm-1:1:aa:holding"] == "0"
+        schedule = requests.get(f"{base}/admin/live?page=schedule", headers=AUTH, timeout=5).json()["numbers"]
+        assert schedule["entry:0:fired"] == "not in the last 3 days"
+        assert requests.get(f"{base}/admin/live?page=jobs", headers=AUTH, timeout=5).status_code == 404
+        # No session: a 401, never the login page's HTML in place of numbers.
+        assert requests.get(f"{base}/admin/live?page=queues", allow_redirects=False, timeout=5).status_code == 401
+        session = log_in(base)
+        assert session.get(f"{base}/admin/live?page=queues").json()["numbers"]["queue:mail:pending"] == "1"
+
+
+def test_the_page_script_may_fetch_only_this_site(db):
+    with whole_site(db) as base:
+        answer = requests.get(f"{base}/admin/", headers=AUTH, timeout=5)
+    csp = answer.headers["Content-Security-Policy"]
+    assert "connect-src 'self'" in csp and "default-src 'none'" in csp
+    nonce = re.search(r"script-src 'nonce-([^']+)'", csp).group(1)
+    assert answer.text.count("<script") == answer.text.count(f'<script nonce="{nonce}">') == 1
+    assert "location.reload" not in answer.text and "visibilityState" in answer.text
+
+
+def bulk_preview(base: str, session: requests.Session, action: str, **filters: str) -> tuple[int | None, str]:
+    page = session.get(f"{base}/admin/jobs/bulk", params={"action": action, **filters}).text
+    found = re.search(r'id="bulk-count" data-count="(\d+)"', page)
+    return (int(found.group(1)) if found else None), page
+
+
+def test_bulk_retry_and_cancel_preview_then_act_in_one_statement(db, caplog, monkeypatch):
+    caplog.set_level(logging.INFO, logger="jobs.admin")
+    failed = [failed_job(db, name="mail.Send") for _ in range(3)]
+    other = failed_job(db, queue="sms", name="sms.Send")
+    pending = [make_job(db, "mail", "mail.Send", run_at=later(hours=1)).id for _ in range(2)]
+    due = make_job(db, "mail", "mail.Bounce").id
+    with whole_site(db) as base:
+        session = log_in(base)
+        listing = session.get(f"{base}/admin/jobs", params={"queue": "mail"}).text
+        assert 'id="bulk-retry"' in listing and 'id="bulk-cancel"' in listing
+        count, page = bulk_preview(base, session, "retry", queue="mail")
+        assert count == 3 and "Retry 3 jobs" in page
+        assert bulk_preview(base, session, "retry", queue="mail", state="pending")[0] == 0
+        assert bulk_preview(base, session, "cancel", queue="mail", state="scheduled")[0] == 2
+        csrf = re.search(r'name="csrf" value="([0-9a-f]+)"', page).group(1)
+        answer = session.post(
+            f"{base}/admin/jobs/bulk", data={"csrf": csrf, "action": "retry", "queue": "mail"}, allow_redirects=False
+        )
+        assert answer.headers["Location"] == "/admin/jobs?queue=mail"
+        assert "retried 3 jobs" in session.get(f"{base}/admin/jobs?queue=mail").text
+        statuses = dict(db.query("SELECT id, status FROM jobs"))
+        assert [statuses[i] for i in failed] == ["pending"] * 3 and statuses[other].startswith("err: ")
+        # Past the cap nothing is done: the statement is rolled back.
+        monkeypatch.setattr(lib.http.admin.bulk, "BULK_CAP", 1)
+        said = session.post(
+            f"{base}/admin/jobs/bulk", data={"csrf": csrf, "action": "cancel", "queue": "mail", "state": "scheduled"}
+        ).text
+        assert "nothing done: over 1 jobs match" in said
+        assert all(
+            s == "pending" for s in dict(db.query("SELECT id, status FROM jobs")).values() if s != statuses[other]
+        )
+        monkeypatch.undo()
+        said = session.post(
+            f"{base}/admin/jobs/bulk", data={"csrf": csrf, "action": "cancel", "queue": "mail", "state": "scheduled"}
+        ).text
+        assert "cancelled 2 jobs: skip: cancelled by an operator on the admin page (session " in html.unescape(said)
+    statuses = dict(db.query("SELECT id, status FROM jobs"))
+    assert all(statuses[i].startswith("skip: cancelled") for i in pending) and statuses[due] == "pending"
+    logged = [r.getMessage() for r in caplog.records if r.name == "jobs.admin"]
+    assert any(
+        re.search(r"admin bulk retry by session [0-9a-f]{8}, filters \?queue=mail: retried 3", m) for m in logged
+    )
+    assert any("admin bulk cancel by session " in m and "cancelled 2 jobs" in m for m in logged)
+
+
+def test_bulk_retry_skips_deduped_copies_as_redrive_does(db):
+    db.exec("INSERT INTO job_dedupe_names (queue, name) VALUES ('mail', 'mail.Send')")
+    older = failed_job(db, name="mail.Send")
+    newer = failed_job(db, name="mail.Send")
+    with whole_site(db) as base:
+        answer = requests.post(
+            f"{base}/admin/jobs/bulk", data={"action": "retry", "name": "mail.Send"}, headers=AUTH, timeout=10
+        )
+        assert "retried 1 jobs; skipped 1" in html.unescape(answer.text)
+    assert db.query("SELECT id, status = 'pending' FROM jobs ORDER BY id") == [(older, False), (newer, True)]
+
+
+def test_every_new_page_and_form_needs_a_token_and_the_csrf_token(db):
+    failed_job(db)
+    with whole_site(db) as base:
+        for path in (
+            "/admin/queue?queue=mail",
+            "/admin/schedule",
+            "/admin/jobs/bulk?action=retry",
+            "/admin/?window=day",
+        ):
+            answer = requests.get(f"{base}{path}", allow_redirects=False, timeout=5)
+            assert (answer.status_code, answer.headers["Location"]) == (303, "/admin/login"), path
+            assert requests.get(f"{base}{path}", headers={"Authorization": "Bearer no"}, timeout=5).status_code == 401
+        assert requests.get(f"{base}/admin/live?page=queues", headers={"Authorization": "Bearer no"}).status_code == 401
+        session, other = log_in(base), log_in(base)
+        for url, data in (
+            (f"{base}/admin/jobs/bulk", {"action": "retry", "queue": "mail"}),
+            (f"{base}/admin/jobs/bulk", {"action": "cancel"}),
+            (f"{base}/admin/resume", {"queue": "mail"}),
+        ):
+            assert requests.post(url, data=data, timeout=5).status_code == 401
+            for token in ({}, {"csrf": ""}, {"csrf": csrf_of(other, base)}):
+                answer = session.post(url, data={**data, **token}, allow_redirects=False)
+                assert answer.status_code == 403 and "CSRF" in answer.text, (url, token)
+    assert db.query_row("SELECT status FROM jobs")[0].startswith("err: ")
+
+
+def test_hostile_queue_names_reasons_entries_and_hosts_are_escaped(db):
+    db.exec(
+        "INSERT INTO workers (id, host, pid, queues, started_at, last_seen, lease_seconds, handles)"
+        " VALUES (%s, %s, 1, %s, now(), now(), 30, %s::jsonb)",
+        (XSS, XSS, [XSS], json.dumps({XSS: [XSS]})),
+    )
+    make_job(db, XSS, XSS, status=f"err: {XSS}")
+    db.exec("INSERT INTO job_queues (queue, paused_until, pause_reason) VALUES (%s, 'infinity', %s)", (XSS, XSS))
+    plant_minutes(db, XSS, 3)
+    admin = Admin(
+        db,
+        TOKEN,
+        queue_stats=overview.queue_stats,
+        workers=overview.workers,
+        registered={XSS: XSS, "mail": f"off: {XSS}"},
+        schedule=[Scheduled("mail", "mail.X", every(5), args={XSS: XSS})],
+    )
+    with serving(make_app(Health(db), metrics.registry(), admin=admin)) as base:
+        pages = [
+            get(base, "/admin/"),
+            get(base, "/admin/queue", queue=XSS),
+            get(base, "/admin/schedule"),
+            get(base, "/admin/workers"),
+            get(base, "/admin/jobs/bulk", action="retry", queue=XSS, q=XSS, name=XSS),
+            requests.get(f"{base}/admin/queue", params={"queue": XSS + "x"}, headers=AUTH, timeout=5).text,
+        ]
+        refused = requests.get(f"{base}/admin/jobs/bulk", params={"action": "cancel", "q": "{" + XSS}, headers=AUTH)
+        assert refused.status_code == 400 and "args search: not JSON" in refused.text and "<img" not in refused.text
+        live = requests.get(f"{base}/admin/live", params={"page": "queues"}, headers=AUTH, timeout=5).text
+    for page in pages:
+        assert "<img" not in page
+        assert "&lt;img src=x onerror=alert(1)&gt;" in page
+    # JSON, which the page writes as text (textContent), never as HTML.
+    assert json.loads(live)["numbers"][f"queue:{XSS}:pending"] == "0"

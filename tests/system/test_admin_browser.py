@@ -2,7 +2,10 @@
 Playwright): no token, no page; log in, see the queues, retry a failure and
 see it pending, pause and resume; browse, filter and search the jobs, read a
 job's traceback, cancel, run now and retry it; HTML in a job's name shown as
-text, and a POST without the CSRF token refused. Each page's screenshot is written under
+text, and a POST without the CSRF token refused; the queues page with an off
+queue and one no worker runs, a queue's charts after jobs ran, the schedule
+and workers pages, a bulk retry with its preview, and the numbers refreshed
+in place (not in a hidden tab). Each page's screenshot is written under
 tests/artifacts/ for a person to look at.
 
 Playwright runs inside this gevent-patched test process, next to the server.
@@ -14,8 +17,10 @@ gevent 26.9, on Python 3.11 and 3.13). So the test reads and plants rows
 directly, with no subprocess between it and the browser.
 """
 
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -24,6 +29,9 @@ from playwright.sync_api import Browser, Page, expect, sync_playwright
 from programs import require
 
 from lib.background import worker_registry
+from lib.background.clock import Scheduled, daily, every
+from lib.background.cron import cron
+from lib.background.rollup import Rollup
 from lib.http import metrics
 from lib.http.admin import Admin
 from lib.http.health import Health
@@ -50,7 +58,7 @@ def browser() -> Iterator[Browser]:
 
 
 @contextmanager
-def admin_site(db, *, token: str | None = TOKEN, refresh: float = 3600.0) -> Iterator[str]:
+def admin_site(db, *, token: str | None = TOKEN, refresh: float = 3600.0, **options) -> Iterator[str]:
     admin = None
     if token:
         admin = Admin(
@@ -60,6 +68,7 @@ def admin_site(db, *, token: str | None = TOKEN, refresh: float = 3600.0) -> Ite
             workers=overview.workers,
             queues=["mail", "sms"],
             refresh=refresh,
+            **options,
         )
     with serving(make_app(Health(db), metrics.registry(), admin=admin)) as base:
         yield base
@@ -160,10 +169,10 @@ def test_log_in_see_the_queues_retry_a_failure_pause_and_resume(db, browser):
         expect(page.locator(".flash")).to_have_text("paused sms until resumed: vendor outage, see #ops")
         expect(queue_cell(page, "sms", "state")).to_contain_text("paused until resumed")
         expect(queue_cell(page, "sms", "state")).to_contain_text("vendor outage, see #ops")
-        assert db.query_row("SELECT pause_reason, paused_until = 'infinity' FROM job_queues WHERE queue = 'sms'") == (
-            "vendor outage, see #ops",
-            True,
+        reason, forever = db.query_row(
+            "SELECT pause_reason, paused_until = 'infinity' FROM job_queues WHERE queue = 'sms'"
         )
+        assert re.fullmatch(r"vendor outage, see #ops \(session [0-9a-f]{8}, admin page\)", reason) and forever
         shot(page, "paused")
         page.locator('#queues tr[data-queue="sms"]').get_by_role("button", name="Resume").click()
         expect(page.locator(".flash")).to_have_text("resumed sms")
@@ -172,7 +181,7 @@ def test_log_in_see_the_queues_retry_a_failure_pause_and_resume(db, browser):
 
         page.get_by_role("link", name="Workers").click()
         expect(page.locator("#workers")).to_contain_text("vm-1:4242:ab12cd34")
-        expect(page.locator("#workers")).to_contain_text("mail, sms")
+        expect(page.locator("#workers .queues li")).to_have_text(["mail", "sms"])
         shot(page, "workers")
 
         page.get_by_role("button", name="Log out").click()
@@ -414,3 +423,270 @@ def test_a_jobs_traceback_then_retry_run_now_and_cancel(db, browser):
         assert page.evaluate("document.documentElement.scrollWidth") <= 390
         shot(page, "job-phone")
         phone.close()
+
+
+REGISTERED = {"mail": None, "sms": None, "github": "GITHUB_TOKEN is not set"}
+
+
+def fits(page: Page, selector: str, within: str) -> bool:
+    """Whether every element of selector lies inside its closest `within` ancestor's box."""
+    return page.locator(selector).evaluate_all(
+        """(els, within) => els.every(el => {
+            const box = el.getBoundingClientRect(), outer = el.closest(within).getBoundingClientRect();
+            return box.left >= outer.left - 0.5 && box.right <= outer.right + 0.5;
+        })""",
+        within,
+    )
+
+
+def test_the_queues_page_with_an_off_queue_an_unrun_queue_pause_and_resume(db, browser):
+    worker_registry.register(db, "vm-1:4242:ab12cd34", ["mail", "sms"], 30.0, [("mail", ["mail.Send"])])
+    insert(db, "mial", "mail.Send", {"to": "a@example.com"})  # a typo: no worker runs it
+    for _ in range(2):
+        insert(db, "sms", "sms.Send", {"to": "+100"})
+    db.exec("INSERT INTO job_queues (queue, next_claim_at) VALUES ('mail', now() + interval '30 seconds')")
+    with admin_site(db, registered=REGISTERED) as base:
+        context = browser.new_context(viewport={"width": 1280, "height": 900})
+        page = context.new_page()
+        log_in(page, base)
+        rows = page.locator("#queues tbody tr")
+        expect(rows).to_have_count(4)
+        github = page.locator('#queues tr[data-queue="github"]')
+        expect(github.locator(".badge")).to_have_text("off")
+        expect(github).to_contain_text("GITHUB_TOKEN is not set")
+        expect(github.locator("summary")).to_have_count(0)
+        unrun = page.locator('#queues tr[data-queue="mial"]')
+        expect(unrun.locator(".badge")).to_have_text("no worker")
+        expect(unrun.locator("summary")).to_have_count(0)
+        expect(queue_cell(page, "mial", "pending")).to_have_text("1")
+        expect(queue_cell(page, "mail", "state")).to_contain_text("throttled until")
+        expect(queue_cell(page, "mail", "state")).not_to_contain_text("for 0s")
+        # The unrun queue's jobs are one click away.
+        unrun.get_by_role("link", name="jobs").click()
+        expect(page).to_have_url(f"{base}/admin/jobs?queue=mial")
+        page.go_back()
+
+        # The pause form, open at 1280 px, stays inside its row's cell and the table.
+        page.locator('#queues tr[data-queue="sms"] summary').click()
+        form = page.locator('#queues tr[data-queue="sms"] form')
+        assert fits(
+            page,
+            '#queues tr[data-queue="sms"] form input:not([type=hidden]), #queues tr[data-queue="sms"] form button',
+            "td",
+        )
+        assert fits(page, "#queues td.act", ".scroll")
+        assert page.evaluate(
+            "document.querySelector('.scroll').scrollWidth <= document.querySelector('.scroll').clientWidth"
+        )
+        shot(page, "queues-1280-pause-open", full_page=False)
+        form.locator('input[name="reason"]').fill("vendor outage")
+        form.locator('input[name="minutes"]').fill("30")
+        form.get_by_role("button", name="Pause").click()
+        expect(page.locator(".flash")).to_contain_text("paused sms until 20")
+        expect(queue_cell(page, "sms", "state")).to_contain_text("paused until")
+        expect(queue_cell(page, "sms", "state")).to_contain_text("vendor outage (session ")
+        shot(page, "queues-1280")
+        page.locator('#queues tr[data-queue="sms"]').get_by_role("button", name="Resume").click()
+        expect(page.locator(".flash")).to_have_text("resumed sms")
+        expect(queue_cell(page, "sms", "state")).to_have_text("active")
+        context.close()
+
+        phone = browser.new_context(**PHONE)
+        page = phone.new_page()
+        log_in(page, base)
+        page.locator('#queues tr[data-queue="sms"] summary').click()
+        assert page.evaluate("document.documentElement.scrollWidth") <= 390
+        shot(page, "queues-phone-pause-open")
+        phone.close()
+
+
+def ran(db, queue: str, name: str, status: str, *, waited: float, minutes_ago: int) -> None:
+    """A job that finished some minutes ago, having waited `waited` seconds to start."""
+    job_id = insert(db, queue, name, {})
+    db.exec(
+        "UPDATE jobs SET status = %s, attempts = 1,"
+        " finished_at = date_trunc('minute', now()) - make_interval(mins => %s) + interval '20 seconds',"
+        " started_at = date_trunc('minute', now()) - make_interval(mins => %s) + interval '10 seconds',"
+        " run_at = date_trunc('minute', now()) - make_interval(mins => %s) + interval '10 seconds'"
+        " - make_interval(secs => %s)"
+        " WHERE id = %s",
+        (status, minutes_ago, minutes_ago, minutes_ago, waited, job_id),
+    )
+
+
+def test_a_queues_charts_after_jobs_ran(db, browser):
+    worker_registry.register(db, "vm-1:4242:ab12cd34", ["mail", "sms"], 30.0)
+    # A job or a few in each minute of the last hour, a failure now and then.
+    totals = {"ok": 0, "fail": 0, "err": 0}
+    for minutes_ago in range(1, 60):
+        for _ in range(1 + minutes_ago * 7 % 5):
+            ran(db, "mail", "mail.Send", "ok", waited=0.5 + minutes_ago % 10 * 0.3, minutes_ago=minutes_ago)
+            totals["ok"] += 1
+        if minutes_ago % 7 == 0:
+            ran(db, "mail", "mail.Send", "err: RuntimeError: smtp down", waited=4.0, minutes_ago=minutes_ago)
+            totals["err"] += 1
+        if minutes_ago % 11 == 0:
+            ran(db, "mail", "mail.Send", "fail: no such mailbox", waited=1.0, minutes_ago=minutes_ago)
+            totals["fail"] += 1
+    for _ in range(4):
+        insert(db, "mail", "mail.Send", {})  # the backlog
+    # The rollup, as a worker runs it each minute, over the last hour.
+    now = datetime.now(UTC)
+    rollup = Rollup(db)
+    for back in range(59, -1, -1):
+        assert rollup.roll_up(now - timedelta(minutes=back))
+    with admin_site(db, registered=REGISTERED, refresh=5.0) as base:
+        context = browser.new_context(viewport={"width": 1280, "height": 900})
+        page = context.new_page()
+        log_in(page, base)
+        charts = page.locator("#charts")
+        expect(charts.locator("svg.chart")).to_have_count(3)
+        expect(charts.locator(".chart-finished rect").first).to_be_visible()
+        said = f"{totals['ok']} ok, {totals['fail']} fail, 0 skip, {totals['err']} err"
+        expect(charts.locator(".chart-finished figcaption")).to_contain_text(said)
+        expect(charts.locator(".chart-latency polyline")).not_to_have_count(0)
+        expect(charts.locator(".chart-backlog polyline")).not_to_have_count(0)
+        expect(queue_cell(page, "mail", "rate")).to_have_text(re.compile(r"^\d+(\.\d+)?/min$"))
+        shot(page, "queues-charts")
+        page.get_by_role("link", name="day").click()
+        expect(page.locator('#charts[data-window="day"] .chart-finished rect').first).to_be_visible()
+        page.locator('#queues tr[data-queue="mail"] td.head a').click()
+        expect(page.locator("h1")).to_have_text("Queue mail")
+        expect(page.locator("#charts-hour .chart-finished rect").first).to_be_visible()
+        expect(page.locator("#charts-day .chart-finished rect").first).to_be_visible()
+        shot(page, "queue")
+        page.get_by_role("link", name="jobs of queue mail").click()
+        expect(page).to_have_url(f"{base}/admin/jobs?queue=mail")
+        context.close()
+
+        phone = browser.new_context(**PHONE)
+        page = phone.new_page()
+        log_in(page, base)
+        page.goto(f"{base}/admin/queue?queue=mail")
+        expect(page.locator("#charts-hour svg.chart")).to_have_count(3)
+        assert page.evaluate("document.documentElement.scrollWidth") <= 390
+        shot(page, "queue-phone")
+        phone.close()
+
+
+def test_the_schedule_and_workers_pages(db, browser):
+    schedule = [
+        Scheduled("caches", "caches.Age", every(15)),
+        Scheduled("maintenance", "maintenance.CleanUpJobs", daily(3, 17), catch_up=True),
+        Scheduled("mail", "mail.Report", cron("0 9 * * 1-5", tz="Europe/Paris"), args={"to": "team@example.com"}),
+    ]
+    db.exec(
+        "INSERT INTO clock_ticks (name, entry, minute) VALUES (%s, %s, date_trunc('minute', now()) - interval '7 minutes')",
+        (schedule[0].name, schedule[0].key),
+    )
+    worker_registry.register(
+        db, "vm-1:4242:ab12cd34", ["mail", "sms"], 30.0, [("mail", ["mail.Send", "mail.Report"]), ("sms", ["sms.Send"])]
+    )
+    worker_registry.register(db, "vm-2:77:ef56ab78", ["caches", "maintenance"], 30.0, [("caches", ["caches.Age"])])
+    with admin_site(db, registered=REGISTERED, schedule=schedule) as base:
+        for options, suffix in (({"viewport": {"width": 1280, "height": 800}}, ""), (PHONE, "-phone")):
+            context = browser.new_context(**options)
+            page = context.new_page()
+            log_in(page, base)
+            page.get_by_role("link", name="Schedule").click()
+            age = page.locator('#schedule tr[data-name="caches.Age"]')
+            expect(age.locator(".cadence")).to_have_text("every(15)")
+            expect(age.locator(".next li")).to_have_count(3)
+            expect(age.locator(".fired")).to_have_text(re.compile(r"^7m\d\ds ago$"))
+            report = page.locator('#schedule tr[data-name="mail.Report"]')
+            expect(report.locator(".cadence")).to_contain_text("cron('0 9 * * 1-5', tz='Europe/Paris')")
+            expect(report.locator(".next li")).to_have_count(3)
+            expect(report.locator(".fired")).to_have_text("not in the last 3 days")
+            expect(page.locator('#schedule tr[data-name="maintenance.CleanUpJobs"] .cadence')).to_contain_text(
+                "catches up"
+            )
+            assert page.evaluate("document.documentElement.scrollWidth") <= page.viewport_size["width"]
+            # Each cell's text stays inside its row's card (or row), nothing cut off to the right.
+            assert fits(page, "#schedule td > *", "tr")
+            shot(page, f"schedule{suffix}")
+            page.get_by_role("link", name="Workers").click()
+            one = page.locator('#workers tr[data-worker="vm-1:4242:ab12cd34"]')
+            expect(one.locator(".queues")).to_contain_text("mail: mail.Report, mail.Send")
+            expect(one.locator(".queues")).to_contain_text("sms: sms.Send")
+            expect(page.locator('#workers tr[data-worker="vm-2:77:ef56ab78"]')).to_contain_text("caches.Age")
+            assert page.evaluate("document.documentElement.scrollWidth") <= page.viewport_size["width"]
+            shot(page, f"workers{suffix}")
+            context.close()
+
+
+def test_bulk_retry_with_its_preview_count(db, browser):
+    made = plant_jobs(db)
+    more = [failed_job(db, "sms", "sms.Send", "err: HTTPError: 502 from the gateway") for _ in range(2)]
+    with admin_site(db, registered=REGISTERED) as base:
+        context = browser.new_context(viewport={"width": 1280, "height": 800})
+        page = context.new_page()
+        log_in(page, base)
+        page.goto(f"{base}/admin/jobs?queue=sms")
+        expect(page.locator('#states a[data-state="failed"] .n')).to_have_text("3")
+        shot(page, "jobs-bulk-links")
+        page.locator("#bulk-retry").click()
+        expect(page.locator("#bulk-count")).to_contain_text("This will retry 3 failed jobs")
+        shot(page, "bulk-preview")
+        page.get_by_role("button", name="Retry 3 jobs").click()
+        expect(page).to_have_url(f"{base}/admin/jobs?queue=sms")
+        expect(page.locator(".flash")).to_have_text("retried 3 jobs")
+        expect(page.locator('#states a[data-state="failed"] .n')).to_have_text("0")
+        expect(page.locator("#bulk-retry")).to_have_count(0)
+        assert {db.query_row("SELECT status FROM jobs WHERE id = %s", (i,))[0] for i in [made["failed"], *more]} == {
+            "pending"
+        }
+        # Cancel asks once too, and shows what it will touch.
+        page.goto(f"{base}/admin/jobs?state=scheduled")
+        page.locator("#bulk-cancel").click()
+        expect(page.locator("#bulk-count")).to_contain_text("This will cancel 1 scheduled job")
+        page.get_by_role("button", name="Cancel 1 job").click()
+        expect(page.locator(".flash")).to_contain_text("cancelled 1 jobs")
+        assert db.query_row("SELECT status FROM jobs WHERE id = %s", (made["scheduled"],))[0].startswith(
+            "skip: cancelled"
+        )
+        context.close()
+
+
+def test_live_refresh_changes_a_number_without_a_reload_and_rests_in_a_hidden_tab(db, browser):
+    worker_registry.register(db, "vm-1:4242:ab12cd34", ["mail", "sms"], 30.0)
+    with admin_site(db, refresh=0.5, registered=REGISTERED) as base:
+        context = browser.new_context(viewport={"width": 1280, "height": 800})
+        page = context.new_page()
+        log_in(page, base)
+        polls: list[str] = []
+        page.on("request", lambda request: polls.append(request.url) if "/admin/live" in request.url else None)
+        expect(queue_cell(page, "sms", "pending")).to_have_text("0")
+        page.evaluate("window.notReloaded = true")
+        # An open form with a reason typed: the refresh leaves it as it is.
+        page.locator('#queues tr[data-queue="sms"] summary').click()
+        page.locator('#queues tr[data-queue="sms"] input[name="reason"]').fill("half typed")
+        for _ in range(3):
+            insert(db, "sms", "sms.Send", {"to": "+100"})
+        expect(queue_cell(page, "sms", "pending")).to_have_text("3", timeout=10_000)
+        assert page.evaluate("window.notReloaded") is True
+        expect(page.locator('#queues tr[data-queue="sms"] input[name="reason"]')).to_have_value("half typed")
+        expect(page.locator('#queues tr[data-queue="sms"] details')).to_have_attribute("open", "")
+        assert polls
+
+        # Hidden: no request at all; shown again: at once.
+        page.evaluate(
+            """() => {
+                Object.defineProperty(document, "visibilityState", { configurable: true, get: () => "hidden" });
+                document.dispatchEvent(new Event("visibilitychange"));
+            }"""
+        )
+        page.wait_for_timeout(600)  # a poll already on its way may land
+        before = len(polls)
+        insert(db, "sms", "sms.Send", {"to": "+100"})
+        page.wait_for_timeout(2000)
+        assert len(polls) == before
+        expect(queue_cell(page, "sms", "pending")).to_have_text("3")
+        page.evaluate(
+            """() => {
+                Object.defineProperty(document, "visibilityState", { configurable: true, get: () => "visible" });
+                document.dispatchEvent(new Event("visibilitychange"));
+            }"""
+        )
+        expect(queue_cell(page, "sms", "pending")).to_have_text("4", timeout=5000)
+        assert page.evaluate("window.notReloaded") is True
+        context.close()

@@ -82,3 +82,17 @@ def test_a_bad_entry_fails_when_the_schedule_is_built():
         Scheduled("x", "x.Y", every(5), args={"when": datetime.now(UTC)})  # not JSON
     with pytest.raises(ValueError, match=r"more than once: x\.Y"):
         Clock(None, [Scheduled("x", "x.Y", every(5)), Scheduled("x", "x.Y", hourly(3))])  # type: ignore[arg-type]
+
+
+def test_a_cadence_says_how_it_was_written():
+    from lib.background.cron import cron
+
+    assert str(every(15)) == "every(15)"
+    assert str(weekdays(daily(9, 0))) == "weekdays(daily(9, 0))"
+    assert str(weekdays(hourly(17))) == "weekdays(hourly(17))"
+    assert str(weekdays(cron("0 9 * * *", tz="Europe/Paris"))) == "weekdays(cron('0 9 * * *', tz='Europe/Paris'))"
+
+    def first_monday(t):
+        return t.day <= 7
+
+    assert str(weekdays(first_monday)) == "weekdays(test_a_cadence_says_how_it_was_written.first_monday)"

@@ -1,9 +1,12 @@
-"""The admin page under /admin/: the queues, the jobs (browse, search, one
-job and its actions), the failures (retry them), pause and resume, the
-workers. Server-side HTML from the Jinja2 templates beside this file,
-autoescaped; no script but a few lines that reload the queues table. This module
-holds the login and the routes; the jobs list and one job's page are worked
-out in jobs.py and job.py, the queues and failures pages' forms in
+"""The admin page under /admin/: the queues (each, with its charts), the
+jobs (browse, search, one job and its actions, bulk retry and cancel), the
+failures (retry them), pause and resume, the schedule, the workers.
+Server-side HTML from the Jinja2 templates beside this file, autoescaped,
+charts as inline SVG; the only script is base.html's, which polls
+/admin/live for a page's numbers. This module holds the login and the
+routes; the read-only pages are worked out in views.py (queues.py,
+timeline.py, schedule.py), the jobs list and one job's page in jobs.py and
+job.py, the bulk actions in bulk.py, the queues and failures pages' forms in
 actions.py, and what every page shares in render.py.
 
 On only when JOBS_ADMIN_TOKEN is set. Every request presents the token: as
@@ -17,20 +20,20 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import logging
 import re
 import secrets
-import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import unquote, urlencode
 
 import gevent
 
+from lib.http.admin import bulk, jobs, views
 from lib.http.admin import job as one_job
-from lib.http.admin import jobs
-from lib.http.admin.actions import pause_queue, retry_failures
+from lib.http.admin.actions import pause_queue, resume_queue, retry_failures
 from lib.http.admin.render import (
     FLASH,
     PREFIX,
@@ -40,16 +43,14 @@ from lib.http.admin.render import (
     done,
     environment,
 )
+from lib.http.admin.session import COOKIE, SESSION_SECONDS, Sessions
 from lib.http.web import BadRequest, Environ, Request, Response, StartResponse, redirect, text
 from lib.operate import overview
-from lib.operate.queue_state import resume
 from lib.store.sql import Q
 
 log = logging.getLogger("jobs.admin")
 
-COOKIE = "jobs_admin"
-SESSION_SECONDS = 12 * 3600
-# Seconds between reloads of the queues table.
+# Seconds between refreshes of a page's numbers.
 REFRESH = 5.0
 # Failures shown at once, newest first; a retry of the filtered set takes all.
 FAILURES_SHOWN = 100
@@ -62,11 +63,7 @@ _JOB_PATH = re.compile(r"^/jobs/(\d{1,19})(?:/(cancel|run-now|retry))?$")
 Stats = Callable[..., Sequence[Any]]
 
 
-def _digest(text: str) -> bytes:
-    return hashlib.sha256(text.encode()).digest()
-
-
-class Admin:
+class Admin(Sessions):
     def __init__(
         self,
         db: Any,
@@ -75,52 +72,21 @@ class Admin:
         queue_stats: Stats,
         workers: Stats,
         queues: Iterable[str] = (),
+        registered: Mapping[str, str | None] | None = None,
+        schedule: Sequence[Any] = (),
         refresh: float = REFRESH,
     ) -> None:
         if not token:
             raise ValueError("the admin page needs a token")
+        super().__init__(token)
         self.db = db
-        self._token_digest = _digest(token)
-        # Signs sessions and CSRF tokens; derived, so neither reveals the token,
-        # and a new token ends every session.
-        self._key = hashlib.sha256(b"jobs-admin-key:" + token.encode()).digest()
-        self.queue_stats = queue_stats
-        self.workers = workers
-        self.queues = sorted(set(queues))
+        # queues: those this worker runs; registered: every registered queue, with why it is off (None: on).
+        self.site = views.Site.of(
+            db, queue_stats, workers, queues=queues, registered=registered or {}, schedule=schedule
+        )
+        self.queues = sorted(self.site.registered)
         self.refresh = refresh
         self.env = environment()
-
-    # -- auth
-
-    def _token_ok(self, given: str | None) -> bool:
-        # Digests of equal length, compared in constant time: neither the
-        # token's characters nor its length leak through the timing.
-        return given is not None and hmac.compare_digest(_digest(given), self._token_digest)
-
-    def _sign(self, text: str) -> str:
-        return hmac.new(self._key, text.encode(), hashlib.sha256).hexdigest()
-
-    def _new_session(self) -> str:
-        expires = int(time.time()) + SESSION_SECONDS
-        nonce = secrets.token_hex(8)
-        body = f"{expires}.{nonce}"
-        return f"{body}.{self._sign('session:' + body)}"
-
-    def _session(self, request: Request) -> str | None:
-        """The request's session cookie when it is ours and unexpired."""
-        value = request.cookie(COOKIE)
-        if not value or value.count(".") != 2:
-            return None
-        body, sig = value.rsplit(".", 1)
-        if not hmac.compare_digest(sig, self._sign("session:" + body)):
-            return None
-        expires = body.split(".", 1)[0]
-        if not expires.isdigit() or int(expires) < time.time():
-            return None
-        return value
-
-    def _csrf(self, session: str) -> str:
-        return self._sign("csrf:" + session)
 
     # -- dispatch
 
@@ -146,7 +112,7 @@ class Admin:
         else:
             session = self._session(request)
             if session is None:
-                if request.method in ("GET", "HEAD"):
+                if request.method in ("GET", "HEAD") and path != "/live":
                     return redirect(f"{PREFIX}/login")
                 return text(401, "unauthorized: log in first")
         if request.method == "POST":
@@ -167,12 +133,16 @@ class Admin:
     ) -> Response:
         nonce = secrets.token_urlsafe(12)
         flash = unquote(request.cookie(FLASH) or "")
+        live = values.setdefault("live", None)  # the page whose numbers /live refreshes, else no script
+        asked = {"page": live, **({"queue": values["queue"]} if live == "queue" else {})}
+        values["live_url"] = f"{PREFIX}/live?{urlencode(asked)}" if live else ""
         body = self.env.get_template(template).render(
             csrf=self._csrf(session) if session else "",
             logged_in=session is not None,
             nonce=nonce,
             flash=flash,
             prefix=PREFIX,
+            refresh=self.refresh,
             **values,
         )
         headers = [("Content-Security-Policy", csp(nonce))]
@@ -184,11 +154,20 @@ class Admin:
         return self._page("missing.html", request, session, status=404, message=message)
 
     def _get(self, path: str, request: Request, session: str | None) -> Response | None:
+        now = datetime.now(UTC)
         if path == "/":
-            rows = self.queue_stats(self.db, self.queues)
-            return self._page("queues.html", request, session, stats=rows, refresh=self.refresh)
+            values = views.queues_page(self.site, request.arg("window"), now)
+            return self._page("queues.html", request, session, live="queues", **values)
+        if path == "/queue":
+            return self._queue(request.arg("queue") or "", request, session, now)
+        if path == "/schedule":
+            return self._page("schedule.html", request, session, live="schedule", **views.schedule_page(self.site, now))
+        if path == "/live":
+            return self._live(request)
         if path == "/jobs":
             return self._jobs(request, session)
+        if path == "/jobs/bulk":
+            return self._bulk_preview(request, session)
         if path == "/failures":
             queue, name = request.arg("queue"), request.arg("name")
             rows = self.db.query(Q.job_failed_list, {"queue": queue, "name": name, "limit": FAILURES_SHOWN})
@@ -208,8 +187,33 @@ class Admin:
         if path.startswith("/jobs/"):
             return self._missing(request, session, "A job's page is /admin/jobs/ and its number.")
         if path == "/workers":
-            return self._page("workers.html", request, session, workers=self.workers(self.db))
+            return self._page("workers.html", request, session, live="workers", **views.workers_page(self.site))
         return None
+
+    def _queue(self, queue: str, request: Request, session: str | None, now: datetime) -> Response:
+        values = views.queue_page(self.site, queue, now)
+        if values is None:
+            return self._missing(request, session, f"No queue {queue!r} is registered, run or has rows.")
+        return self._page("queue.html", request, session, live="queue", queue=queue, **values)
+
+    def _live(self, request: Request) -> Response:
+        """A page's numbers as JSON, for its script to write in place."""
+        page = request.arg("page") or ""
+        if page not in views.LIVE_PAGES:
+            return text(404, f"no live numbers for page {page[:100]!r}")
+        numbers = views.live(self.site, page, request.arg("queue"))
+        return Response(200, json.dumps({"numbers": numbers}), "application/json", [])
+
+    def _bulk_preview(self, request: Request, session: str | None) -> Response:
+        action = request.arg("action") or ""
+        if action not in bulk.ACTIONS:
+            return self._missing(request, session, "A bulk action is retry or cancel.")
+        values: dict[str, Any] = {"action": action, "cap": bulk.BULK_CAP, "preview": None, "error": None}
+        try:
+            values["preview"] = bulk.preview(self.db, action, jobs.read(request))
+        except jobs.BadFilter as exc:
+            return self._page("bulk.html", request, session, status=400, **(values | {"error": str(exc)}))
+        return self._page("bulk.html", request, session, **values)
 
     def _jobs(self, request: Request, session: str | None) -> Response:
         filters = jobs.read(request)
@@ -260,6 +264,8 @@ class Admin:
             return redirect(f"{PREFIX}/login", [("Set-Cookie", cookie(COOKIE, "", max_age=0))])
         if path == "/retry":
             return retry_failures(self.db, request)
+        if path == "/jobs/bulk":
+            return self._bulk(request, session)
         found = _JOB_PATH.match(path)
         if found and found.group(2) and int(found.group(1)) < 2**63:
             return self._act(int(found.group(1)), found.group(2), session)
@@ -268,11 +274,23 @@ class Admin:
             if queue is None:
                 return text(400, "bad request: which queue?")
             if path == "/resume":
-                resumed = resume(self.db, queue)
-                log.info("admin resumed queue=%s", queue)
-                return done(f"{PREFIX}/", f"resumed {queue}" if resumed else f"{queue} was not paused")
-            return pause_queue(self.db, queue, request)
+                return resume_queue(self.db, queue, request, _operator(session))
+            pausable = {r.queue for r in self.site.queue_rows(datetime.now(UTC)) if r.pausable}
+            return pause_queue(self.db, queue, request, _operator(session), pausable=pausable)
         return text(404, "not found")
+
+    def _bulk(self, request: Request, session: str | None) -> Response:
+        """A bulk action the preview asked for, on the filters it carried."""
+        action = request.field("action") or ""
+        filters = jobs.Filters(**{name: request.field(name) for name in jobs.Filters.__dataclass_fields__})
+        back = f"{PREFIX}/jobs{bulk.filters_of(filters).query()}"
+        if action not in bulk.ACTIONS:
+            return done(back, "nothing done: a bulk action is retry or cancel")
+        try:
+            message = bulk.act(self.db, action, filters, _operator(session))
+        except jobs.BadFilter as exc:
+            return done(back, f"nothing done: {exc}")
+        return done(back, message)
 
     def _act(self, job_id: int, action: str, session: str | None) -> Response:
         """One job's action, as one statement; logged with the operator's session."""

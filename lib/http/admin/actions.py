@@ -1,15 +1,16 @@
-"""The forms of the queues and failures pages: pause a queue, retry failures."""
+"""The forms of the queues and failures pages: pause and resume a queue, retry failures."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode
 
 from lib.http.admin.render import PREFIX, done, ids_text, present, when
 from lib.http.web import Request, Response
-from lib.operate.queue_state import pause
+from lib.operate.queue_state import pause, resume
 from lib.operate.redrive import redrive
 
 log = logging.getLogger("jobs.admin")
@@ -39,21 +40,39 @@ def retry_failures(db: Any, request: Request) -> Response:
     return done(asked if asked and asked.startswith(f"{PREFIX}/") else back, message)
 
 
-def pause_queue(db: Any, queue: str, request: Request) -> Response:
-    """Pause a queue for the minutes given (none: until resumed), with a reason."""
+def _back(request: Request) -> str:
+    """The page the form was on (a queue's page, say), never another site."""
+    asked = request.field("back")
+    return asked if asked and asked.startswith(f"{PREFIX}/") else f"{PREFIX}/"
+
+
+def pause_queue(db: Any, queue: str, request: Request, operator: str, *, pausable: Collection[str]) -> Response:
+    """Pause a queue for the minutes given (none: until resumed), with a
+    reason, which the pause keeps with who paused it. Only a queue a worker
+    runs, or would run (registered and on): a pause of a queue nothing runs
+    would say it holds something it does not."""
+    back = _back(request)
+    if queue not in pausable:
+        return done(back, f"not paused: no live worker runs {queue}, and it is no registered queue that is on")
     reason = request.field("reason")
-    if reason is None or not reason.isprintable():
-        return done(f"{PREFIX}/", f"not paused: {queue} needs a reason an operator can read")
+    if reason is None or not reason.strip() or not reason.isprintable():
+        return done(back, f"not paused: {queue} needs a reason an operator can read")
     minutes_text = request.field("minutes")
     until = None
-    if minutes_text is not None:
+    if minutes_text is not None and minutes_text.strip():
         try:
             minutes = float(minutes_text)
         except ValueError:
             minutes = -1.0
         if not 0 < minutes <= MAX_PAUSE_MINUTES:
-            return done(f"{PREFIX}/", f"not paused: minutes above 0, at most {MAX_PAUSE_MINUTES}")
+            return done(back, f"not paused: minutes above 0, at most {MAX_PAUSE_MINUTES}")
         until = datetime.now(UTC) + timedelta(minutes=minutes)
-    pause(db, queue, reason, until)
-    log.info("admin paused queue=%s until %s: %s", queue, until or "resumed", reason)
-    return done(f"{PREFIX}/", f"paused {queue} until {when(until) if until else 'resumed'}: {reason}")
+    pause(db, queue, f"{reason} ({operator}, admin page)", until)
+    log.info("admin paused queue=%s until %s by %s: %s", queue, until or "resumed", operator, reason)
+    return done(back, f"paused {queue} until {when(until) if until else 'resumed'}: {reason}")
+
+
+def resume_queue(db: Any, queue: str, request: Request, operator: str) -> Response:
+    resumed = resume(db, queue)
+    log.info("admin resumed queue=%s by %s", queue, operator)
+    return done(_back(request), f"resumed {queue}" if resumed else f"{queue} was not paused")

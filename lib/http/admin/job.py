@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from lib.http.admin.jobs import state_of
 from lib.job import status as st
 from lib.operate import overview
 from lib.operate.redrive import redrive
@@ -65,14 +66,8 @@ def _secret(key: str) -> bool:
 
 
 def state(job: dict[str, Any], now: datetime) -> str:
-    """The state the jobs list shows for the row (admin_job_list's own rule)."""
-    if job["status"] == st.PENDING:
-        if job["attempts"] > 0 and job["last_error"] is not None:
-            return "retrying"
-        return "scheduled" if job["run_at"] > now else "pending"
-    if job["status"] == st.STARTED:
-        return "running"
-    return job["status"].split(": ", 1)[0]
+    """The state the jobs list shows for the row."""
+    return state_of(job["status"], job["attempts"], job["last_error"] is not None, job["run_at"], now)
 
 
 def _between(start: datetime | None, end: datetime | None) -> str | None:

@@ -19,6 +19,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from lib.http.web import Request
+from lib.job import status as st
 from lib.store.sql import Q
 
 # The states an operator filters by, in the order the page shows them; the
@@ -161,11 +162,25 @@ class Row:
     state: str
 
 
+def state_of(status: str, attempts: int, erred: bool, run_at: datetime, now: datetime) -> str:
+    """The state the pages show for a row: the filter it falls under
+    (admin_job_list's state filter is the same rule), or its status's kind."""
+    if status == st.PENDING:
+        if attempts > 0 and erred:
+            return "retrying"
+        return "scheduled" if run_at > now else "pending"
+    if status == st.STARTED:
+        return "running"
+    return status.split(": ", 1)[0]
+
+
 def page(db: Any, values: dict[str, Any]) -> tuple[list[Row], str | None]:
     """One page of rows, and the `before` of the next page (None: the last)."""
     with db.transaction() as tx:
         tx.exec(f"SET LOCAL statement_timeout = {LIST_TIMEOUT_MS}")
-        rows = [Row(*r) for r in tx.query(Q.admin_job_list, {**values, "limit": PAGE_SIZE + 1})]
+        found = tx.query(Q.admin_job_list, {**values, "limit": PAGE_SIZE + 1})
+    now = datetime.now(UTC)
+    rows = [Row(*r[:-1], state=state_of(r[3], r[4], r[-1], r[6], now)) for r in found]
     more = len(rows) > PAGE_SIZE
     rows = rows[:PAGE_SIZE]
     return rows, (str(rows[-1].id) if more else None)
@@ -179,17 +194,22 @@ def counts(db: Any, values: dict[str, Any]) -> dict[str, int | None]:
         if state == "err":
             found[state] = found["failed"]  # the same rows: err: is how a job fails
             continue
-        # One row past the cap tells "exactly the cap" from "more".
-        asked = {**values, "state": None if state == "all" else state, "cap": COUNT_CAP + 1}
-        try:
-            with db.transaction() as tx:
-                tx.exec(f"SET LOCAL statement_timeout = {COUNT_TIMEOUT_MS}")
-                found[state] = tx.query_row(Q.admin_job_count, asked)[0]
-        except Exception as exc:
-            if not timed_out(exc):
-                raise
-            found[state] = None
+        found[state] = count_one(db, {**values, "state": None if state == "all" else state}, COUNT_CAP)
     return found
+
+
+def count_one(db: Any, values: dict[str, Any], cap: int) -> int | None:
+    """The rows of values' state under its other filters, up to cap + 1 (more
+    than the cap); None when the timeout cut the count short."""
+    try:
+        with db.transaction() as tx:
+            tx.exec(f"SET LOCAL statement_timeout = {COUNT_TIMEOUT_MS}")
+            # One row past the cap tells "exactly the cap" from "more".
+            return tx.query_row(Q.admin_job_count, {**values, "cap": cap + 1})[0]
+    except Exception as exc:
+        if not timed_out(exc):
+            raise
+        return None
 
 
 def timed_out(exc: BaseException) -> bool:

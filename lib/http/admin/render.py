@@ -26,15 +26,16 @@ def environment() -> Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(when=when, ago=ago, left=left, seconds=overview.age, count=count)
+    env.filters.update(when=when, ago=ago, left=left, clock=clock, seconds=overview.age, count=count)
     return env
 
 
-# The page loads nothing from elsewhere, runs only its own nonce'd script, and
-# cannot be framed (a framed page could be clicked through by another site).
+# The page loads nothing from elsewhere, runs only its own nonce'd script
+# (which fetches its numbers from this site alone), and cannot be framed (a
+# framed page could be clicked through by another site).
 def csp(nonce: str) -> str:
     return (
-        f"default-src 'none'; style-src 'nonce-{nonce}'; script-src 'nonce-{nonce}'; "
+        f"default-src 'none'; style-src 'nonce-{nonce}'; script-src 'nonce-{nonce}'; connect-src 'self'; "
         "img-src 'self' data:; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
     )
 
@@ -88,12 +89,29 @@ def ago(value: datetime | None) -> str:
 
 
 def left(value: datetime | None) -> str:
-    """How long until value, as a pause or a throttle reads: "for 25m"."""
+    """How long until value, as a pause or a throttle reads: "for 25m", and
+    under ten seconds to the tenth ("for 0.4s"): a throttle's wait is often
+    shorter than a second."""
     if value is None:
         return ""
     if value.year >= 9999:
         return "until resumed"
-    return "for " + overview.age((value - datetime.now(UTC)).total_seconds())
+    seconds = (value - datetime.now(UTC)).total_seconds()
+    if seconds < 10:
+        return f"for {max(seconds, 0.0):.1f}s"
+    return "for " + overview.age(seconds)
+
+
+def clock(value: datetime | None) -> str:
+    """A moment as a time of day, UTC, to the second (or the date and time when not today)."""
+    if value is None:
+        return ""
+    if value.year >= 9999:
+        return "resumed"
+    value = value.astimezone(UTC)
+    if value.date() != datetime.now(UTC).date():
+        return value.strftime("%Y-%m-%d %H:%MZ")
+    return value.strftime("%H:%M:%SZ")
 
 
 def count(value: int | None, cap: int | None = None) -> str:
