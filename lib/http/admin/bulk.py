@@ -2,12 +2,11 @@
 pending one, that the list's filters match.
 
 The page first shows how many jobs the action will touch (the jobs list's
-own count, under its cap and timeout) and asks once; the action is then one
-statement over the same filters (admin_job_bulk_retry or
-admin_job_bulk_cancel), in a transaction that is rolled back when it matched
-more than BULK_CAP jobs, so no slip acts on millions of rows. A retry
-follows redrive's rules for deduped jobs; a cancel leaves a job claimed
-meanwhile to run.
+own count, under its cap and timeout) and asks once. The action reads the
+ids the filters match (the jobs list's own query), refuses more than
+BULK_CAP of them, so no slip acts on millions of rows, and is then one
+statement over those ids: the CLI's cancel (job_cancel), which leaves a job
+claimed meanwhile to run, or redrive, with its rules for deduped jobs.
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ from typing import Any
 from lib.http.admin import jobs
 from lib.http.admin.jobs import Filters
 from lib.job import status as st
-from lib.store.db import is_unique_violation
+from lib.operate.redrive import redrive
 from lib.store.sql import Q
 
 log = logging.getLogger("jobs.admin")
@@ -27,9 +26,6 @@ log = logging.getLogger("jobs.admin")
 ACTIONS = ("retry", "cancel")
 BULK_CAP = jobs.COUNT_CAP
 BULK_TIMEOUT_MS = 30_000
-# A copy of a deduped job inserted while the retry runs is seen only by the
-# next try, as redrive does.
-TRIES = 3
 
 # The state each action acts on, under the state the list is filtered by
 # (none: the list's filter leaves it nothing to act on).
@@ -40,7 +36,7 @@ _ACTS_ON = {
 
 
 class TooMany(Exception):
-    """The statement matched more than BULK_CAP jobs; rolled back."""
+    """The filters match more than BULK_CAP jobs: nothing is done."""
 
 
 @dataclass(frozen=True)
@@ -78,37 +74,34 @@ def act(db: Any, action: str, filters: Filters, operator: str) -> str:
     state = _ACTS_ON[action].get(filters.state)
     if state is None:
         return f"nothing to {action}: the {filters.state} jobs are not {'failed' if action == 'retry' else 'pending'}"
-    values = {**values, "state": state, "cap": BULK_CAP}
     try:
-        message = _retry(db, values) if action == "retry" else _cancel(db, values, operator)
+        ids = _matched(db, {**values, "state": state})
     except TooMany:
         return f"nothing done: over {BULK_CAP:,} jobs match; narrow the filters"
+    message = _retry(db, ids) if action == "retry" else _cancel(db, ids, operator)
     log.info("admin bulk %s by %s, filters %s: %s", action, operator, filters.query() or "none", message)
     return message
 
 
-def _cancel(db: Any, values: dict[str, Any], operator: str) -> str:
-    reason = st.skip(f"cancelled by an operator on the admin page ({operator})")
+def _matched(db: Any, values: dict[str, Any]) -> list[int]:
+    """The ids of the jobs the filters match, newest first; TooMany past BULK_CAP."""
     with db.transaction() as tx:
         tx.exec(f"SET LOCAL statement_timeout = {BULK_TIMEOUT_MS}")
-        ended = tx.query(Q.admin_job_bulk_cancel, {**values, "status": reason})
-        if len(ended) > BULK_CAP:
-            raise TooMany
+        rows = tx.query(Q.admin_job_list, {**values, "before": None, "limit": BULK_CAP + 1})
+    if len(rows) > BULK_CAP:
+        raise TooMany
+    return [row[0] for row in rows]
+
+
+def _cancel(db: Any, ids: list[int], operator: str) -> str:
+    reason = st.skip(f"cancelled by an operator on the admin page ({operator})")
+    ended = db.query(Q.job_cancel, {"ids": ids, "status": reason}) if ids else []
     return f"cancelled {len(ended)} jobs: {reason}"
 
 
-def _retry(db: Any, values: dict[str, Any]) -> str:
-    for attempt in range(TRIES):
-        try:
-            with db.transaction() as tx:
-                tx.exec(f"SET LOCAL statement_timeout = {BULK_TIMEOUT_MS}")
-                rows = tx.query(Q.admin_job_bulk_retry, values)
-                if len(rows) > BULK_CAP:
-                    raise TooMany
-            break
-        except Exception as exc:
-            if not is_unique_violation(exc) or attempt == TRIES - 1:
-                raise
-    retried = sum(1 for _, why in rows if why is None)
-    skipped = len(rows) - retried
+def _retry(db: Any, ids: list[int]) -> str:
+    if not ids:
+        return "retried 0 jobs"
+    done = redrive(db, ids=ids)
+    retried, skipped = len(done.redriven), len(done.skipped)
     return f"retried {retried} jobs" + (f"; skipped {skipped}, of which a copy runs or was retried" if skipped else "")
