@@ -1,32 +1,34 @@
-"""This project's worker against procrastinate and PGQueuer, on the same
-workloads, in one run, on one server.
+"""This project's worker against oban, chancy, PGQueuer and procrastinate, on
+the same workloads, in one run, on one server, each side at its own best.
 
-Run from the project root, after `.venv/bin/pip install -r bench/requirements.txt`:
+Run from the project root (the peers' virtualenv, .venv-peers, is built from
+bench/requirements.txt when missing: oban needs Python >= 3.12):
 
-    .venv/bin/python bench/compare.py [--quick] [--jobs N] [--only ours|procrastinate|pgqueuer] [--workloads 1,2,...]
+    .venv/bin/python bench/compare.py [--quick] [--jobs N] [--only SIDE ...] [--workloads 1,2,...] [--sweep]
 
 Each side runs as its own processes (bench/apps/compare_*.py): a worker
 process working until SIGTERM, and separate enqueue processes. Ours is the
-real worker.main with no-op queues; the peers run their own workers at their
-best settings for the workload (see bench/README.md). Every measurement gets a
-fresh database on the server (DATABASE_URL, else the embedded one); the
-server's single-client commit rate (pgbench) is measured in the same run.
+real worker.main with no-op queues; the peers run their own workers, each at
+its best settings for the workload (the Side classes below; bench/README.md).
+Every measurement gets a fresh database on the server (DATABASE_URL, else the
+embedded one); the server's single-client commit rate (pgbench) and the
+disk's fdatasync rate (pg_test_fsync) are measured in the same run.
 
-Workloads (no-op jobs, --jobs of them), each run by every side in turn:
-  1. one queue, one job at a time, in --rounds rounds (each side once a
-     round, going first in turn), the median run reported; for
-     ours, also the serial step alone
+Workloads (no-op jobs, --jobs of them), each in --rounds rounds, each side
+once a round and going first in turn, the median reported:
+  1. one queue, one job at a time; for ours, also the serial step alone
      (bench/step_cost.py: jobs_step_one from a plain psycopg2 loop, no
      worker), which bounds what any worker around that statement can reach;
-  2. one queue at each of --concurrencies, the best reported;
-  3. --jobs over 40 queues, one job at a time each, in --rounds rounds as
-     workload 1, the median run reported: jobs/s, database transactions per
-     job, and the connections held at peak (workload 7);
+  2. one queue, as fast as the side goes: its own sweep of settings (all in
+     the first round, the best in the others);
+  3. --jobs over 40 queues, one job at a time each: jobs/s, database
+     transactions per job, and the connections held at peak;
   4. commit-to-start latency while idle: another process enqueues one job per
      commit, with a pause between;
-  5. enqueue: one job per transaction, and batches of 1,000, in --rounds
-     rounds as workload 1, each rate's median reported;
+  5. enqueue: one job per transaction, and batches of 1,000;
   6. an idle 40-queue worker: transactions a minute, connections, RSS.
+Workloads 1 and 3 run each peer at concurrency 1 a queue (the workload) and
+its other knobs as a recorded sweep found (RECORDED); --sweep runs them all.
 """
 
 from __future__ import annotations
@@ -34,13 +36,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from contextlib import AbstractContextManager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -69,8 +72,10 @@ from bench.harness import (
 )
 
 APPS = ROOT / "bench" / "apps"
-SIDES = ("ours", "procrastinate", "pgqueuer")
-PEERS = ("procrastinate", "pgqueuer")
+SIDES = ("ours", "oban", "chancy", "pgqueuer", "procrastinate")
+PEERS = SIDES[1:]
+# The peers' own virtualenv (oban needs Python >= 3.12; the project's may be older).
+PEER_VENV = ROOT / ".venv-peers"
 MANY_QUEUES = 40
 ENQUEUE_BATCH = 1000
 # Settings that would change what our worker does; the comparison runs its defaults.
@@ -84,22 +89,42 @@ STEP_ALONE_STEPS, STEP_ALONE_ROUNDS = 2000, 3  # the serial step alone: about 3 
 # ---------------------------------------------------------------- the sides
 
 
-def _queues(names: list[str]) -> str:
-    return ",".join(names)
+@dataclass(frozen=True)
+class Setting:
+    """One way to run a side's worker: as the output names it, and the
+    options its worker app takes for it."""
+
+    label: str
+    args: tuple[str, ...] = ()
 
 
+def concurrency(n: int, label: str = "c={n}", *more: str) -> Setting:
+    return Setting(label.format(n=n), ("--concurrency", str(n), *more))
+
+
+def one_each(label: str, option: str, values: tuple[int, ...]) -> tuple[Setting, ...]:
+    """Concurrency 1 with each of an option's values: one_each("pool {v}", "--pool", (41, 10))."""
+    return tuple(concurrency(1, label.format(v=v), option, str(v)) for v in values)
+
+
+# Each side's settings for workloads 1 (one queue, one at a time), 2 (one
+# queue, as fast as it goes: the sweep every run runs) and 3 (40 queues, one
+# at a time each). Concurrency 1 is what workloads 1 and 3 are; their other
+# knobs were chosen by a recorded sweep (RECORDED), the first is the one a
+# run uses unless --sweep runs them all.
 @dataclass(frozen=True)
 class Side:
-    """How the benchmark drives one library: its processes and the SQL that
-    reads its own tables. Ours by default; the peers override."""
+    """How the benchmark drives one library: its processes, its settings,
+    and the SQL that reads its own tables. Ours by default; the peers override."""
 
     name: str = "ours"
     migrated: bool = True  # the scratch database gets our migrations
     # The interpreter of the side's processes: ours runs in the project's
-    # virtualenv; a peer's may be another (--peer-python).
+    # virtualenv; the peers in theirs (--peer-python).
     python: str = sys.executable
-    worker_app: str = "compare_ours_worker.py"
+    app: str = "compare_ours_worker.py"
     enqueue_app: str = "compare_ours_enqueue.py"
+    command: tuple[str, ...] = ()  # the worker app's subcommand
     # The first handler start and the last outcome as the database records them, and the jobs done.
     span_sql: str = (
         "SELECT extract(epoch FROM min(started_at)), extract(epoch FROM max(finished_at)),"
@@ -110,13 +135,24 @@ class Side:
         " every other option at its default (LISTEN/NOTIFY wakes, 120 s fallback poll);"
         " JOBS_HTTP_ADDR=off, LOG_LEVEL=WARNING; enqueue: lib.insert (psycopg2)"
     )
+    serial: tuple[Setting, ...] = (concurrency(1),)
+    fastest: tuple[Setting, ...] = ()  # ours: --concurrencies
+    many: tuple[Setting, ...] = (concurrency(1, "c=1 each"),)
 
     def install(self, url: str) -> None:
         """Our schema comes with the scratch database (its migrations)."""
 
-    def worker_command(self, url: str, queues: list[str], concurrency: int) -> list[str]:
-        command = [self.python, str(APPS / self.worker_app), "--url", url, "--queues", _queues(queues)]
-        return [*command, "--concurrency", str(concurrency)]
+    def worker_command(self, url: str, queues: list[str], setting: Setting) -> list[str]:
+        return [
+            self.python,
+            str(APPS / self.app),
+            *self.command,
+            "--url",
+            url,
+            "--queues",
+            _queues(queues),
+            *setting.args,
+        ]
 
     def worker_env(self, url: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k not in UNSET}
@@ -126,16 +162,102 @@ class Side:
         return env
 
     def enqueue_command(self, mode: str, url: str, queues: list[str], jobs: int, batch: int = 1) -> list[str]:
-        command = [self.python, str(APPS / self.enqueue_app), mode, "--url", url, "--queues", _queues(queues)]
+        command = [
+            self.python,
+            str(APPS / (self.enqueue_app or self.app)),
+            mode,
+            "--url",
+            url,
+            "--queues",
+            _queues(queues),
+        ]
         return [*command, "--jobs", str(jobs), "--batch", str(batch)]
 
 
+def _queues(names: list[str]) -> str:
+    return ",".join(names)
+
+
 @dataclass(frozen=True)
-class Procrastinate(Side):
-    name: str = "procrastinate"
+class Peer(Side):
+    """A peer's one app (bench/apps/compare_<name>.py): install, work, enqueue."""
+
     migrated: bool = False
-    worker_app: str = "compare_procrastinate.py"
-    enqueue_app: str = "compare_procrastinate.py"
+    command: tuple[str, ...] = ("work",)
+    enqueue_app: str = ""  # the app itself
+
+    def install(self, url: str) -> None:
+        subprocess.run([self.python, str(APPS / self.app), "install", "--url", url], check=True)
+
+
+@dataclass(frozen=True)
+class Oban(Peer):
+    name: str = "oban"
+    app: str = "compare_oban.py"
+    span_sql: str = (
+        "SELECT extract(epoch FROM min(attempted_at)), extract(epoch FROM max(completed_at)),"
+        " count(*) FILTER (WHERE state = 'completed') FROM oban_jobs"
+    )
+    settings: str = (
+        "Oban as `oban start` runs it (uvloop, psycopg pool, default 10), each queue at limit C;"
+        " insert NOTIFY wakes a queue, a job's end wakes it to ack and fetch (5 ms debounce), stager's 1 s"
+        " poll the fallback; leadership, pruner, lifeline at defaults, metrics off (default); logging WARNING;"
+        " enqueue: Oban.enqueue / enqueue_many"
+    )
+    fastest: tuple[Setting, ...] = tuple(concurrency(n, "limit {n}") for n in (10, 50, 100))
+    many: tuple[Setting, ...] = one_each("limit 1 each, pool {v}", "--pool", (10, 41))
+    serial: tuple[Setting, ...] = (concurrency(1, "limit 1"),)
+
+
+@dataclass(frozen=True)
+class Chancy(Peer):
+    name: str = "chancy"
+    app: str = "compare_chancy.py"
+    # completed_at is the job's end in the worker; bench_written_at the write of its outcome (a trigger of ours).
+    span_sql: str = (
+        "SELECT extract(epoch FROM min(started_at)), extract(epoch FROM max(bench_written_at)),"
+        " count(*) FILTER (WHERE state = 'succeeded') FROM chancy_jobs"
+    )
+    settings: str = (
+        "one Worker, default plugins, psycopg pool (default 10); each queue at concurrency C with the"
+        " AsyncExecutor, eager_polling (a job's end fetches the next), LISTEN/NOTIFY on push, polling every"
+        " 120 s (fallback); outcomes written in batches once a second (its default); logging WARNING;"
+        " enqueue: push / push_many"
+    )
+    serial: tuple[Setting, ...] = (concurrency(1),)
+    fastest: tuple[Setting, ...] = tuple(concurrency(n) for n in (16, 50, 100))
+    many: tuple[Setting, ...] = one_each("c=1 each, pool {v}", "--pool", (41, 10))
+
+
+@dataclass(frozen=True)
+class PGQueuer(Peer):
+    name: str = "pgqueuer"
+    app: str = "compare_pgqueuer.py"
+    # Finished rows leave its queue table; its log keeps each job's picked and successful moments.
+    span_sql: str = (
+        "SELECT extract(epoch FROM min(created) FILTER (WHERE status = 'picked')),"
+        " extract(epoch FROM max(created) FILTER (WHERE status = 'successful')),"
+        " count(*) FILTER (WHERE status = 'successful') FROM pgqueuer_log"
+    )
+    settings: str = (
+        "QueueManager over one asyncpg connection; a queue is an entrypoint with concurrency_limit C"
+        " (0: unlimited); batch_size B jobs per dequeue (its completion log flushes every B jobs or"
+        " 0.1 s); dequeue_timeout 120 s (fallback only); log aggregation off; logging WARNING;"
+        " enqueue: Queries.enqueue, lists for batches"
+    )
+    serial: tuple[Setting, ...] = one_each("c=1, batch {v}", "--batch-size", (1, 10))
+    fastest: tuple[Setting, ...] = (
+        concurrency(16, "c=16, batch 16", "--batch-size", "16"),
+        concurrency(0, "unlimited, batch 50", "--batch-size", "50"),
+        concurrency(0, "unlimited, batch 200", "--batch-size", "200"),
+    )
+    many: tuple[Setting, ...] = one_each("c=1 each, batch {v}", "--batch-size", (10, 40))
+
+
+@dataclass(frozen=True)
+class Procrastinate(Peer):
+    name: str = "procrastinate"
+    app: str = "compare_procrastinate.py"
     span_sql: str = (
         "SELECT extract(epoch FROM min(at) FILTER (WHERE type = 'started')),"
         " extract(epoch FROM max(at) FILTER (WHERE type = 'succeeded')),"
@@ -147,57 +269,38 @@ class Procrastinate(Side):
         " 40 queues: one worker per queue at concurrency 1 in one process (no lock);"
         " jobs kept on success (default); logging WARNING; enqueue: defer_async / batch_defer_async"
     )
-
-    def install(self, url: str) -> None:
-        subprocess.run([self.python, str(APPS / self.worker_app), "install", "--url", url], check=True)
-
-    def worker_command(self, url: str, queues: list[str], concurrency: int) -> list[str]:
-        command = [self.python, str(APPS / self.worker_app), "work", "--url", url, "--queues", _queues(queues)]
-        per_queue = ["--per-queue"] if len(queues) > 1 else []
-        return [*command, "--concurrency", str(concurrency), *per_queue]
-
-
-@dataclass(frozen=True)
-class PGQueuer(Side):
-    name: str = "pgqueuer"
-    migrated: bool = False
-    worker_app: str = "compare_pgqueuer.py"
-    enqueue_app: str = "compare_pgqueuer.py"
-    # Finished rows leave its queue table; its log keeps each job's picked and successful moments.
-    span_sql: str = (
-        "SELECT extract(epoch FROM min(created) FILTER (WHERE status = 'picked')),"
-        " extract(epoch FROM max(created) FILTER (WHERE status = 'successful')),"
-        " count(*) FILTER (WHERE status = 'successful') FROM pgqueuer_log"
-    )
-    settings: str = (
-        "QueueManager over one asyncpg connection; a queue is an entrypoint with concurrency_limit C"
-        " (1 each for 40 queues); batch_size = jobs that may run at once (C, or 40), since its"
-        " completion log flushes every batch_size jobs or 0.1 s; dequeue_timeout 120 s (fallback only);"
-        " log aggregation off; logging WARNING; enqueue: Queries.enqueue, lists for batches"
-    )
-
-    def install(self, url: str) -> None:
-        subprocess.run([self.python, str(APPS / self.worker_app), "install", "--url", url], check=True)
-
-    def worker_command(self, url: str, queues: list[str], concurrency: int) -> list[str]:
-        command = [self.python, str(APPS / self.worker_app), "work", "--url", url, "--queues", _queues(queues)]
-        return [*command, "--concurrency", str(concurrency), "--batch-size", str(concurrency * len(queues))]
+    fastest: tuple[Setting, ...] = tuple(concurrency(n) for n in (8, 16, 50))
+    many: tuple[Setting, ...] = (concurrency(1, "c=1, a worker per queue", "--per-queue"),)
 
 
 def make_side(name: str, peer_python: str) -> Side:
     if name == "ours":
         return Side()
-    return {"procrastinate": Procrastinate, "pgqueuer": PGQueuer}[name](python=peer_python)
+    kinds = {"oban": Oban, "chancy": Chancy, "pgqueuer": PGQueuer, "procrastinate": Procrastinate}
+    return kinds[name](python=peer_python)
+
+
+# What each recorded sweep found (bench/compare.py --sweep --workloads 1,3),
+# printed with the settings a run without --sweep uses: the first of each list.
+SWEEP_COMMAND = ".venv/bin/python bench/compare.py --sweep --workloads 1,3"
+RECORDED = (
+    "2026-12-03 07:36 UTC, 5,000 jobs, 3 rounds (round 1's best in rounds 2 and 3), load 1.1 to 4.9; median jobs/s:",
+    "pgqueuer 1: c=1, batch 1 250 (250, 325, 228); batch 10, its default, 10 (each job waits for its completion timer)",
+    "pgqueuer 3: c=1 each, batch 10 6,214 (6,214, 6,620, 5,434); batch 40 6,063",
+    "oban 3: limit 1 each, pool 10 (its default) 1,502 (1,321, 1,565, 1,502); pool 41 949",
+    "chancy 3: c=1 each, pool 41 1,280 (789, 1,609, 1,280); pool 10 730",
+    "oban, chancy, procrastinate 1 and procrastinate 3: one setting (NOTIFY wakes, fallback polls), nothing to sweep",
+)
 
 
 # ---------------------------------------------------------------- processes
 
 
 def side_worker(
-    side: Side, url: str, queues: list[str], concurrency: int, target: int, work: Path
+    side: Side, url: str, queues: list[str], setting: Setting, target: int, work: Path
 ) -> AbstractContextManager[WorkerProcess]:
     """The side's worker process, stopped at the end however the block ends."""
-    return worker(side.worker_command(url, queues, concurrency), side.worker_env(url), work, target)
+    return worker(side.worker_command(url, queues, setting), side.worker_env(url), work, target)
 
 
 def enqueue(side: Side, mode: str, url: str, queues: list[str], jobs: int, batch: int = 1, **extra: float) -> Any:
@@ -258,7 +361,7 @@ def wait_recorded(url: str, side: Side, total: int) -> tuple[int, int]:
 @dataclass
 class Throughput:
     queues: int
-    concurrency: int
+    setting: str
     jobs: int
     done: int = 0
     seconds: float = 0.0
@@ -269,11 +372,11 @@ class Throughput:
     error: str | None = None
 
 
-def measure_throughput(side: Side, server: Server, queues: list[str], jobs: int, concurrency: int) -> Throughput:
+def measure_throughput(side: Side, server: Server, queues: list[str], jobs: int, setting: Setting) -> Throughput:
     """jobs enqueued first (untimed, batches of 1,000), then the worker started:
     from the first job's start to the last job's outcome, as the database
     records them."""
-    result = Throughput(len(queues), concurrency, jobs)
+    result = Throughput(len(queues), setting.label, jobs)
     with scratch_database(server, side.migrated) as scratch, tempfile.TemporaryDirectory(prefix="jobs-cmp-") as work:
         side.install(scratch.url)
         enqueue(side, "bulk", scratch.url, queues, jobs, ENQUEUE_BATCH)
@@ -283,7 +386,7 @@ def measure_throughput(side: Side, server: Server, queues: list[str], jobs: int,
         # A budget that no sane run reaches: 60 s, plus 50 ms a job.
         timeout = 60 + 0.05 * jobs
         sampler = ConnectionSampler(scratch.server.url, scratch.name, 0.1)
-        with sampler, side_worker(side, scratch.url, queues, concurrency, jobs, Path(work)) as run:
+        with sampler, side_worker(side, scratch.url, queues, setting, jobs, Path(work)) as run:
             result.error = wait_done(run, timeout)
             done, queries = wait_recorded(scratch.url, side, jobs)
             if result.error:
@@ -318,14 +421,14 @@ def measure_step_alone(server: Server) -> float:
     return float(found["jobs_step_one"]["steps_per_s"])
 
 
-def measure_latency(side: Side, server: Server, samples: int) -> Latency:
+def measure_latency(side: Side, server: Server, setting: Setting, samples: int) -> Latency:
     """Another process commits one job at a time, 50-100 ms apart (random);
     each latency is the handler's time.time() at start less the producer's
     right after its commit returned (one machine, one clock)."""
     result = Latency(samples)
     with scratch_database(server, side.migrated) as scratch, tempfile.TemporaryDirectory(prefix="jobs-cmp-") as work:
         side.install(scratch.url)
-        with side_worker(side, scratch.url, ["q00"], 1, samples, Path(work)) as run:
+        with side_worker(side, scratch.url, ["q00"], setting, samples, Path(work)) as run:
             wait_ready(scratch.admin, scratch.name, run)
             commits = enqueue(side, "produce", scratch.url, ["q00"], samples, gap_min=0.05, gap_max=0.1)
             # A job not started 5 s after the last commit counts as missed, not waited for.
@@ -372,7 +475,7 @@ class Idle:
     rss_mb: float = 0.0
 
 
-def measure_idle(side: Side, server: Server, seconds: float, settle: float) -> Idle:
+def measure_idle(side: Side, server: Server, setting: Setting, seconds: float, settle: float) -> Idle:
     """A 40-queue worker with nothing to do, from `settle` seconds after its
     first connection: the database's transactions over `seconds` (both reads
     of pg_stat_database lag alike), its connections, the process's RSS."""
@@ -380,7 +483,7 @@ def measure_idle(side: Side, server: Server, seconds: float, settle: float) -> I
     result = Idle(len(queues))
     with scratch_database(server, side.migrated) as scratch, tempfile.TemporaryDirectory(prefix="jobs-cmp-") as work:
         side.install(scratch.url)
-        with side_worker(side, scratch.url, queues, 1, 0, Path(work)) as run:
+        with side_worker(side, scratch.url, queues, setting, 0, Path(work)) as run:
             wait_ready(scratch.admin, scratch.name, run)
             time.sleep(settle)
             with ConnectionSampler(scratch.server.url, scratch.name, 1.0) as sampler:
@@ -402,25 +505,139 @@ def measure_idle(side: Side, server: Server, seconds: float, settle: float) -> I
 # ---------------------------------------------------------------- one side's run
 
 
+# ---------------------------------------------------------------- rounds
+
+
+@dataclass
+class Run:
+    """One measurement of one side: its workload, round and setting."""
+
+    workload: str
+    round: int
+    setting: str
+    result: Any  # Throughput, Latency, Enqueue or Idle
+
+
 @dataclass
 class SideResult:
     name: str
     version: str
     settings: str
-    one_queue: Throughput | None = None  # workload 1
-    concurrency: list[Throughput] = field(default_factory=list)  # workload 2
-    many_queues: Throughput | None = None  # workloads 3 and 7
-    latency: Latency | None = None  # workload 4
-    enqueue: Enqueue | None = None  # workload 5
-    idle: Idle | None = None  # workload 6
-    step_alone: float | None = None  # workload 1, ours only: serial steps a second with no worker
-    serial_rounds: list[Throughput] = field(default_factory=list)  # workload 1, each round; one_queue is the median
-    many_queues_rounds: list[Throughput] = field(default_factory=list)  # workload 3, each round; many_queues the median
-    enqueue_rounds: list[Enqueue] = field(default_factory=list)  # workload 5, each round; enqueue the medians
-    step_alone_rounds: list[float] = field(default_factory=list)
+    runs: list[Run] = field(default_factory=list)  # every round's, every setting's
+    chosen: dict[str, str] = field(default_factory=dict)  # workload -> the setting reported
+    medians: dict[str, Any] = field(default_factory=dict)  # workload -> the median of the chosen setting's runs
+    step_alone_rounds: list[float] = field(default_factory=list)  # ours, workload 1: the serial step alone
+    step_alone: float | None = None
 
-    def best(self) -> Throughput | None:
-        return max(self.concurrency, key=lambda t: t.jobs_per_s, default=None)
+
+WORKLOADS = {
+    "1": "one queue, one at a time",
+    "2": "one queue, as fast as it goes",
+    "3": f"{MANY_QUEUES} queues, one at a time each",
+    "4": "commit-to-start latency, one job a commit",
+    "5": f"enqueue, one per transaction, then in batches of {ENQUEUE_BATCH}",
+    "6": f"an idle {MANY_QUEUES}-queue worker",
+}
+NO_WORKER = Setting("no worker")
+
+
+def candidates(side: Side, workload: str, result: SideResult, args: argparse.Namespace) -> list[Setting]:
+    """The settings a workload runs the side at: workload 2's sweep always;
+    workloads 1 and 3 the recorded best, or all of them with --sweep; 4 and 6
+    the setting that workload 1 or 3 reported (else its recorded best)."""
+    if workload == "2":
+        return list(side.fastest) or [concurrency(c) for c in args.concurrencies]
+    if workload == "5":
+        return [NO_WORKER]
+    listed = list(side.serial if workload in "14" else side.many)
+    if workload in "13":
+        return listed if args.sweep else listed[:1]
+    reported = result.chosen.get("1" if workload == "4" else "3")
+    return [next((s for s in listed if s.label == reported), listed[0])]
+
+
+def measure_one(workload: str, side: Side, setting: Setting, server: Server, args: argparse.Namespace) -> Any:
+    one_queue, many = ["q00"], [f"q{i:02d}" for i in range(MANY_QUEUES)]
+    if workload in "12":
+        return measure_throughput(side, server, one_queue, args.jobs, setting)
+    if workload == "3":
+        return measure_throughput(side, server, many, args.jobs, setting)
+    if workload == "4":
+        return measure_latency(side, server, setting, args.samples)
+    if workload == "5":
+        return measure_enqueue(side, server, args.jobs)
+    return measure_idle(side, server, setting, args.idle_seconds, args.settle)
+
+
+def rate(run: Any) -> tuple[bool, float]:
+    """How settings of a sweep compare: a complete run first, then jobs/s."""
+    return run.complete, run.jobs_per_s
+
+
+def run_rounds(
+    workload: str, sides: dict[str, Side], results: dict[str, SideResult], server: Server, args: argparse.Namespace
+) -> None:
+    """One workload in --rounds rounds, the sides taking turns within each
+    round and going first in turn, so a drift of the machine's commit cost
+    over the run (a shared disk's) falls on every side alike. A side with
+    several settings (a sweep) runs them all in the first round, then only
+    the best of them; each side's reported run is the median of its
+    setting's rounds. A run of 5,000 jobs lasts a few seconds, so one run
+    alone moves with whatever else the machine is doing in those seconds."""
+    names = list(sides)
+    settings = {name: candidates(sides[name], workload, results[name], args) for name in names}
+    for turn in range(args.rounds):
+        for name in names[turn % len(names) :] + names[: turn % len(names)]:
+            result = results[name]
+            for setting in settings[name]:
+                say(
+                    name,
+                    f"workload {workload}, round {turn + 1} of {args.rounds}: {WORKLOADS[workload]}, {setting.label}",
+                )
+                result.runs.append(
+                    Run(workload, turn + 1, setting.label, measure_one(workload, sides[name], setting, server, args))
+                )
+                if workload == "1" and name == "ours":
+                    say(name, "workload 1: the serial step alone, no worker")
+                    result.step_alone_rounds.append(measure_step_alone(server))
+            if len(settings[name]) > 1:
+                best = max((r for r in result.runs if r.workload == workload), key=lambda r: rate(r.result))
+                settings[name] = [s for s in settings[name] if s.label == best.setting]
+    for name in names:
+        result = results[name]
+        result.chosen[workload] = label = settings[name][0].label
+        result.medians[workload] = median(
+            [r.result for r in result.runs if (r.workload, r.setting) == (workload, label)]
+        )
+        if result.step_alone_rounds:
+            result.step_alone = statistics.median(result.step_alone_rounds)
+
+
+def median(runs: list[Any]) -> Any:
+    """A throughput's median run (the lower middle of an even count): a whole
+    run, so its completeness and counts go with the rate shown. Anything
+    else: each number its own median, as they are measured apart."""
+    if isinstance(runs[0], Throughput):
+        return sorted(runs, key=lambda t: t.jobs_per_s)[(len(runs) - 1) // 2]
+    values = {}
+    for f in fields(runs[0]):
+        measured = [getattr(run, f.name) for run in runs if getattr(run, f.name) is not None]
+        values[f.name] = statistics.median_low(measured) if measured else None
+    return type(runs[0])(**values)
+
+
+def say(name: str, what: str) -> None:
+    print(f"[{name}] {what} ...", flush=True)
+
+
+def run_all(server: Server, args: argparse.Namespace) -> dict[str, SideResult]:
+    """Workload by workload, every side in turn: the runs a ratio compares are
+    minutes apart at most, not a whole side's run apart."""
+    sides = {name: make_side(name, args.peer_python) for name in args.sides}
+    results = {name: SideResult(name, version(side), side.settings) for name, side in sides.items()}
+    for workload in args.workloads:
+        run_rounds(workload, sides, results, server, args)
+    return results
 
 
 def version(side: Side) -> str:
@@ -430,111 +647,43 @@ def version(side: Side) -> str:
     return peer_versions(side.python)[side.name]
 
 
-def peer_versions(python: str) -> dict[str, str]:
-    """The peers' versions as python has them installed; SystemExit when one is missing."""
-    script = (
-        "import importlib.metadata as m, json\n"
-        "print(json.dumps({n: m.version(n) for n in ('procrastinate', 'pgqueuer', 'asyncpg')}))"
-    )
+def peer_versions(python: str) -> dict[str, str] | None:
+    """The peers' versions as python has them installed; None when one is missing."""
+    script = f"import importlib.metadata as m, json\nprint(json.dumps({{n: m.version(n) for n in {PEERS!r}}}))"
     done = subprocess.run([python, "-c", script], capture_output=True, text=True)
-    if done.returncode != 0:
-        raise SystemExit(
-            f"{python} lacks the peers: run  {python} -m pip install -r bench/requirements.txt"
-            f"  (or --peer-python another interpreter, or --only ours)\n{done.stderr[-500:]}"
-        )
-    return json.loads(done.stdout)
+    return json.loads(done.stdout) if done.returncode == 0 else None
 
 
-# The workloads run in rounds, and what a round of each is.
-ROUNDS = {
-    "1": "one queue, one at a time",
-    "3": f"over {MANY_QUEUES} queues, one at a time each",
-    "5": f"enqueued one per transaction, then in batches of {ENQUEUE_BATCH}",
-}
+def python_312() -> str | None:
+    """A Python >= 3.12 to build the peers' virtualenv with, found as .ci/run finds 3.13."""
+    pyenv = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv")
+    found = [*(shutil.which(f"python3.{m}") for m in (13, 12)), *sorted(pyenv.glob("versions/3.1[23]*/bin/python3"))]
+    for candidate in filter(None, found):
+        check = "import sys; sys.exit(sys.version_info < (3, 12))"
+        if subprocess.run([str(candidate), "-c", check], capture_output=True).returncode == 0:
+            return str(candidate)
+    return None
 
 
-def run_rounds(
-    workload: str, sides: dict[str, Side], results: dict[str, SideResult], server: Server, args: argparse.Namespace
-) -> None:
-    """Workload 1, 3 or 5 in --rounds rounds, the sides taking turns within
-    each round and going first in turn, so a drift of the machine's commit
-    cost over the run (a shared disk's) falls on every side alike; each
-    side's reported run is its median. A run of 5,000 jobs lasts a few
-    seconds, or about one on 40 queues, so one run alone moves with whatever
-    else the machine is doing in those seconds."""
-    names = list(sides)
-    for turn in range(args.rounds):
-        for name in names[turn % len(names) :] + names[: turn % len(names)]:
-            say(name, f"workload {workload}, round {turn + 1} of {args.rounds}: {args.jobs} jobs {ROUNDS[workload]}")
-            result, side = results[name], sides[name]
-            if workload == "1":
-                result.serial_rounds.append(measure_throughput(side, server, ["q00"], args.jobs, 1))
-                if name == "ours":
-                    say(name, "workload 1: the serial step alone, no worker")
-                    result.step_alone_rounds.append(measure_step_alone(server))
-            elif workload == "3":
-                queues = [f"q{i:02d}" for i in range(MANY_QUEUES)]
-                result.many_queues_rounds.append(measure_throughput(side, server, queues, args.jobs, 1))
-            else:
-                result.enqueue_rounds.append(measure_enqueue(side, server, args.jobs))
-    for result in results.values():
-        if workload == "1":
-            result.one_queue = median_run(result.serial_rounds)
-            if result.step_alone_rounds:
-                result.step_alone = statistics.median(result.step_alone_rounds)
-        elif workload == "3":
-            result.many_queues = median_run(result.many_queues_rounds)
-        else:
-            # The two rates are measured apart, one after the other: each its own median.
-            runs = result.enqueue_rounds
-            single = statistics.median_low([run.single_per_s for run in runs])
-            batch = statistics.median_low([run.batch_per_s for run in runs])
-            result.enqueue = Enqueue(runs[0].jobs, single, batch)
-
-
-def median_run(runs: list[Throughput]) -> Throughput:
-    """The run of median rate (the lower middle of an even count): a whole run,
-    so its completeness and counts go with the rate shown."""
-    return sorted(runs, key=lambda t: t.jobs_per_s)[(len(runs) - 1) // 2]
-
-
-def say(name: str, what: str) -> None:
-    print(f"[{name}] {what} ...", flush=True)
-
-
-def run_workload(
-    name: str, side: Side, workload: str, result: SideResult, server: Server, args: argparse.Namespace
-) -> None:
-    """Workload 2, 4 or 6 for one side (1, 3 and 5 run in rounds)."""
-    if workload == "2":
-        for concurrency in args.concurrencies:
-            if concurrency == 1:
-                result.concurrency.append(result.one_queue)  # type: ignore[arg-type]
-                continue
-            say(name, f"workload 2: {args.jobs} jobs, one queue, concurrency {concurrency}")
-            result.concurrency.append(measure_throughput(side, server, ["q00"], args.jobs, concurrency))
-    elif workload == "4":
-        say(name, f"workload 4: commit-to-start latency, {args.samples} jobs one per commit")
-        result.latency = measure_latency(side, server, args.samples)
-    elif workload == "6":
-        say(name, f"workload 6: idle {MANY_QUEUES}-queue worker, {args.idle_seconds:g} s window")
-        result.idle = measure_idle(side, server, args.idle_seconds, args.settle)
-
-
-def run_all(server: Server, args: argparse.Namespace) -> dict[str, SideResult]:
-    """Workload by workload, every side in turn: the runs a ratio compares are
-    minutes apart at most, not a whole side's run apart."""
-    sides = {name: make_side(name, args.peer_python) for name in args.sides}
-    results = {name: SideResult(name, version(side), side.settings) for name, side in sides.items()}
-    if "1" in args.workloads or "2" in args.workloads:
-        run_rounds("1", sides, results, server, args)
-    for workload in sorted(set(args.workloads) - {"1"}):
-        if workload in ROUNDS:
-            run_rounds(workload, sides, results, server, args)
-            continue
-        for name, side in sides.items():
-            run_workload(name, side, workload, results[name], server, args)
-    return results
+def ensure_peers(args: argparse.Namespace) -> None:
+    """The peers' interpreter has bench/requirements.txt, or (the default
+    .venv-peers) is built with it; SystemExit otherwise."""
+    if not set(args.sides) & set(PEERS) or peer_versions(args.peer_python):
+        return
+    requirements = ROOT / "bench" / "requirements.txt"
+    if Path(args.peer_python) == PEER_VENV / "bin" / "python":
+        base = python_312()
+        if base is None:
+            raise SystemExit("no Python >= 3.12 for the peers (python3.13, python3.12 or pyenv's versions/3.1[23]*)")
+        print(f"building {PEER_VENV.relative_to(ROOT)} with {base} and bench/requirements.txt ...", flush=True)
+        subprocess.run([base, "-m", "venv", str(PEER_VENV)], check=True)
+        subprocess.run([args.peer_python, "-m", "pip", "install", "-q", "-r", str(requirements)], check=True)
+        if peer_versions(args.peer_python):
+            return
+    raise SystemExit(
+        f"{args.peer_python} lacks the peers: run  {args.peer_python} -m pip install -r bench/requirements.txt"
+        "  (a Python >= 3.12; or --only ours)"
+    )
 
 
 # ---------------------------------------------------------------- the table
@@ -545,109 +694,137 @@ class Row:
     label: str
     higher_is_better: bool
     values: dict[str, float | None]
-    notes: dict[str, str] = field(default_factory=dict)  # e.g. the best concurrency
 
 
-def _get(result: SideResult, path: str) -> float | None:
-    """A number from a side's result by dotted path ('idle.rss_mb'), None when not measured."""
-    value: Any = result
-    for part in path.split("."):
-        value = None if value is None else getattr(value, part)
-    return None if value is None else float(value)
-
-
-ROWS: list[tuple[str, str, bool]] = [
-    ("1 queue, 1 at a time (jobs/s)", "one_queue.jobs_per_s", True),
-    ("1 queue, best concurrency (jobs/s)", "best.jobs_per_s", True),
-    ("40 queues, 1 at a time each (jobs/s)", "many_queues.jobs_per_s", True),
-    ("40 queues: db transactions/job", "many_queues.xacts_per_job", False),
-    ("40 queues busy: peak connections", "many_queues.peak_connections", False),
-    ("commit->start p50 (ms)", "latency.p50_ms", False),
-    ("commit->start p99 (ms)", "latency.p99_ms", False),
-    ("enqueue, 1 per commit (jobs/s)", "enqueue.single_per_s", True),
-    (f"enqueue, {ENQUEUE_BATCH} per commit (jobs/s)", "enqueue.batch_per_s", True),
-    ("idle 40 queues: xacts/min", "idle.xacts_per_minute", False),
-    ("idle 40 queues: connections", "idle.connections", False),
-    ("idle 40 queues: worker RSS (MB)", "idle.rss_mb", False),
+# label, workload, field of its median, higher is better
+ROWS: list[tuple[str, str, str, bool]] = [
+    ("1 queue, 1 at a time (jobs/s)", "1", "jobs_per_s", True),
+    ("1 queue, its best setting (jobs/s)", "2", "jobs_per_s", True),
+    (f"{MANY_QUEUES} queues, 1 at a time each (jobs/s)", "3", "jobs_per_s", True),
+    (f"{MANY_QUEUES} queues: db transactions/job", "3", "xacts_per_job", False),
+    (f"{MANY_QUEUES} queues busy: peak connections", "3", "peak_connections", False),
+    ("commit->start p50 (ms)", "4", "p50_ms", False),
+    ("commit->start p99 (ms)", "4", "p99_ms", False),
+    ("enqueue, 1 per commit (jobs/s)", "5", "single_per_s", True),
+    (f"enqueue, {ENQUEUE_BATCH} per commit (jobs/s)", "5", "batch_per_s", True),
+    (f"idle {MANY_QUEUES} queues: xacts/min", "6", "xacts_per_minute", False),
+    (f"idle {MANY_QUEUES} queues: connections", "6", "connections", False),
+    (f"idle {MANY_QUEUES} queues: worker RSS (MB)", "6", "rss_mb", False),
 ]
 
 
-def build_rows(results: dict[str, SideResult]) -> list[Row]:
+def build_rows(sides: dict[str, dict[str, Any]]) -> list[Row]:
     rows = []
-    for label, path, higher in ROWS:
+    for label, workload, name, higher in ROWS:
         values = {}
-        for name, result in results.items():
-            if path.startswith("best."):
-                best = result.best()
-                values[name] = None if best is None else best.jobs_per_s
-            else:
-                values[name] = _get(result, path)
-        row = Row(label, higher, values)
-        if path.startswith("best."):
-            row.notes = {n: f"c={r.best().concurrency}" for n, r in results.items() if r.best() is not None}  # type: ignore[union-attr]
+        for side, result in sides.items():
+            found = (result["medians"].get(workload) or {}).get(name)
+            values[side] = None if found is None else float(found)
         if any(v is not None for v in values.values()):
-            rows.append(row)
+            rows.append(Row(label, higher, values))
     return rows
 
 
-RATIO_KEYS = ("ours/better_peer", "ours/pgqueuer")
+def best_peer(values: dict[str, float | None], higher_is_better: bool) -> str | None:
+    """The peer of the highest rate, or of the lowest cost or latency."""
+    peers = [p for p in PEERS if values.get(p) is not None]
+    if not peers:
+        return None
+    return (max if higher_is_better else min)(peers, key=lambda p: values[p])  # type: ignore[arg-type,return-value]
 
 
-def ratios(row: Row) -> tuple[float | None, float | None]:
-    """(ours / the better peer, ours / PGQueuer): the better peer is the higher
-    rate, or the lower cost or latency."""
-    ours = row.values.get("ours")
-    peers = [row.values[p] for p in PEERS if row.values.get(p) is not None]
-    if ours is None or not peers:
-        return None, None
-    better = max(peers) if row.higher_is_better else min(peers)
-    pgq = row.values.get("pgqueuer")
-    return (ours / better if better else None), (ours / pgq if pgq else None)
+def ratio(row: Row) -> tuple[str | None, float | None]:
+    """(the best peer, ours over it)."""
+    peer, ours = best_peer(row.values, row.higher_is_better), row.values.get("ours")
+    if peer is None or ours is None or not row.values[peer]:
+        return peer, None
+    return peer, ours / row.values[peer]  # type: ignore[operator]
 
 
-def _cell(value: float | None, note: str = "") -> str:
+def _cell(value: float | None) -> str:
     if value is None:
         return "-"
     if value == int(value) and abs(value) < 1000:  # a count (connections)
-        return f"{int(value)} {note}".strip()
-    text = f"{value:,.0f}" if abs(value) >= 100 else f"{value:.2f}"
-    return f"{text} {note}".strip()
+        return str(int(value))
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.2f}"
 
 
 def print_table(result: dict[str, Any]) -> None:
-    rows = [Row(r["label"], r["higher_is_better"], r["values"], r["notes"]) for r in result["table"]]
-    rate = result["commit_rate"]
-    names = [n for n in SIDES if n in result["sides"]]
-    versions = ", ".join(f"{n} {result['sides'][n]['version']}" for n in names)
-    print(f"versions     {versions}; {result['options']['jobs']} jobs per throughput run")
+    sides = result["sides"]
+    names = [n for n in SIDES if n in sides]
+    rows = build_rows({n: sides[n] for n in names})
+    versions = ", ".join(f"{n} {sides[n]['version']}" for n in names)
+    print(f"fdatasync    {fsync_line(result['fdatasync'])}")
+    print(f"versions     {versions}; {result['options']['jobs']} jobs per throughput run,")
+    print(
+        f"             rounds: {result['options']['rounds']}, each side once a round (a sweep's settings in the first)"
+    )
     print()
-    header = f"{'workload':<40}" + "".join(f"{n:>16}" for n in names) + f"{'ours/better':>13}{'ours/pgq':>10}"
+    print_settings(result, names)
+    print()
+    header = f"{'workload':<40}" + "".join(f"{n:>15}" for n in names) + f"{'best peer':>15}{'ours/best':>11}"
     print(header)
     print("-" * len(header))
     for row in rows:
-        best, pgq = ratios(row)
-        cells = "".join(f"{_cell(row.values.get(n), row.notes.get(n, '')):>16}" for n in names)
-        print(f"{row.label:<40}{cells}{_cell(best):>13}{_cell(pgq):>10}")
-    for row in rows:
-        ours = row.values.get("ours")
-        if ours is not None and "jobs/s" in row.label and "enqueue" not in row.label:
-            print(f"  ours, {row.label.split(' (')[0]}: {ours / rate['tps']:.2f} of the commit rate")
-    print_step_alone(result, rows)
-    print_rounds(result)
-    print("(ratios: ours over the better peer / over PGQueuer; above 1 is more: better for jobs/s,")
+        peer, mine = ratio(row)
+        cells = "".join(f"{_cell(row.values.get(n)):>15}" for n in names)
+        print(f"{row.label:<40}{cells}{peer or '-':>15}{_cell(mine):>11}")
+    print("(ours/best: ours over the best peer of the row; above 1 is more: better for jobs/s,")
     print(" worse for transactions, connections, latency and memory)")
+    print_serial_shares(result, names)
+    print_step_alone(result, rows)
+    print_rounds(result, names)
+    print_incomplete(result, names)
+
+
+def print_settings(result: dict[str, Any], names: list[str]) -> None:
+    """Every side's settings, and what each sweep of this run found (median jobs/s of each setting)."""
+    print("settings (each side at its own best for each workload)")
+    swept = result["options"]["sweep"]
     for name in names:
         side = result["sides"][name]
-        # Every serial round, not only the median one shown: a round cut short
-        # moves the median too.
-        runs = [(f"one_queue round {n}", run) for n, run in enumerate(side.get("serial_rounds") or [], 1)]
-        runs += [(f"many_queues round {n}", run) for n, run in enumerate(side.get("many_queues_rounds") or [], 1)]
-        for key, run in runs:
-            if run and not run["complete"]:
-                print(f"  INCOMPLETE {name} {key}: {run['done']}/{run['jobs']} done, {run['error']}")
-        latency = side.get("latency")
-        if latency and latency["started"] < latency["samples"]:
-            print(f"  {name} latency: {latency['samples'] - latency['started']} jobs not started within 5 s")
+        print(f"  {name}: {side['settings']}")
+        for workload, label in side["chosen"].items():
+            tried = {}
+            for run in side["runs"]:
+                if run["workload"] == workload and "jobs_per_s" in run["result"]:
+                    tried.setdefault(run["setting"], []).append(run["result"]["jobs_per_s"])
+            line = f"    {workload}. {WORKLOADS[workload]}: {label}"
+            if len(tried) > 1:
+                line += (
+                    " (best of: " + "; ".join(f"{s} {statistics.median(v):,.0f}" for s, v in tried.items()) + " jobs/s)"
+                )
+            elif workload in "13" and not swept and name != "ours":
+                line += " (the recorded sweep's best: see below)"
+            print(line)
+    if not swept:
+        print(
+            "  workloads 1 and 3 of the peers: concurrency 1 is the workload, the other knobs a recorded sweep's best:"
+        )
+        for line in RECORDED:
+            print(f"    {line}")
+        print(f"    redo: DATABASE_URL=... {SWEEP_COMMAND}")
+
+
+def fsync_line(fsync: dict[str, Any]) -> str:
+    where = {True: "the server's data directory's", False: "another", None: "an unknown"}[fsync["same_device"]]
+    run = f"{fsync['binary']} -s {fsync['seconds']}, {where} filesystem"
+    return f"{fsync['ops_per_s']:,.0f}/s, one 8 kB write each ({run})"
+
+
+def print_serial_shares(result: dict[str, Any], names: list[str]) -> None:
+    """The serial row against the disk's flush rate and the server's one-row UPDATE commit rate, both of this run."""
+    fsync, tps = result["fdatasync"]["ops_per_s"], result["commit_rate"]["tps"]
+    if not any("1" in result["sides"][name]["medians"] for name in names):
+        return
+    print(
+        f"1 queue, 1 at a time, as a share of fdatasync ({fsync:,.0f}/s) and of one-row UPDATE commits ({tps:,.0f}/s):"
+    )
+    for name in names:
+        serial = result["sides"][name]["medians"].get("1")
+        if serial:
+            jobs = serial["jobs_per_s"]
+            print(f"  {name:<14} {jobs:>8,.0f} jobs/s   {jobs / fsync:.2f} of fdatasync   {jobs / tps:.2f} of commits")
 
 
 def print_step_alone(result: dict[str, Any], rows: list[Row]) -> None:
@@ -657,35 +834,51 @@ def print_step_alone(result: dict[str, Any], rows: list[Row]) -> None:
     serial = next((row for row in rows if row.label == ROWS[0][0]), None)
     if not alone or serial is None:
         return
-    best, _ = ratios(Row(serial.label, True, {**serial.values, "ours": alone}))
+    _, best = ratio(Row(serial.label, True, {**serial.values, "ours": alone}))
     line = f"  the serial step alone (jobs_step_one, no worker): {alone:,.0f} steps/s"
     if best is not None:
-        line += f", {best:.2f} x the better peer"
+        line += f", {best:.2f} x the best peer"
     ours = serial.values.get("ours")
     if ours:
         line += f"; the worker runs at {ours / alone:.2f} of it"
     print(line)
 
 
-def print_rounds(result: dict[str, Any]) -> None:
-    """The rounds of workloads 1, 3 and 5, each ours over the peer of that
-    round its row compares with (the better peer; PGQueuer for 40 queues and
-    for enqueuing, as the targets are set): how far the median's ratio could
-    move between runs."""
-    for key, rate, label, against in (
-        ("serial_rounds", "jobs_per_s", "1 queue, 1 at a time", PEERS),
-        ("many_queues_rounds", "jobs_per_s", f"{MANY_QUEUES} queues, 1 at a time each", ("pgqueuer",)),
-        ("enqueue_rounds", "single_per_s", "enqueue, 1 per commit", ("pgqueuer",)),
-        ("enqueue_rounds", "batch_per_s", f"enqueue, {ENQUEUE_BATCH} per commit", ("pgqueuer",)),
-    ):
-        rates = {name: [run[rate] for run in side.get(key) or []] for name, side in result["sides"].items()}
-        ours, peers = rates.get("ours"), [rates[p] for p in against if rates.get(p)]
-        if not ours or len(ours) < 2 or not peers:
+def print_rounds(result: dict[str, Any], names: list[str]) -> None:
+    """Each rate row round by round, ours over the best peer of that round:
+    how far the median's ratio could move between runs."""
+    sides = result["sides"]
+    for label, workload, name, higher in ROWS:
+        if not higher or "ours" not in names:
             continue
-        better = [max(peer[turn] for peer in peers) for turn in range(len(ours))]
-        each = ", ".join(f"{mine / peer:.2f}" if peer else "-" for mine, peer in zip(ours, better, strict=True))
-        peer = "the better peer" if len(against) > 1 else "PGQueuer"
-        print(f"  {label}, round by round, ours over {peer}: {each}")
+        per_round: dict[int, dict[str, float]] = {}
+        for side in names:
+            chosen = sides[side]["chosen"].get(workload)
+            for run in sides[side]["runs"]:
+                if (run["workload"], run["setting"]) == (workload, chosen):
+                    per_round.setdefault(run["round"], {})[side] = run["result"][name]
+        each = []
+        for values in per_round.values():
+            peer, mine = ratio(Row(label, True, values))  # type: ignore[arg-type]
+            each.append(f"{mine:.2f} ({peer})" if mine is not None else "-")
+        if len(each) > 1:
+            print(f"  {label.split(' (')[0]}, round by round, ours over the best peer: {', '.join(each)}")
+
+
+def print_incomplete(result: dict[str, Any], names: list[str]) -> None:
+    for name in names:
+        for run in result["sides"][name]["runs"]:
+            found = run["result"]
+            if "complete" in found and not found["complete"]:
+                print(
+                    f"  INCOMPLETE {name} workload {run['workload']} round {run['round']} {run['setting']}:"
+                    f" {found['done']}/{found['jobs']} done, {found['error']}"
+                )
+            if "started" in found and found["started"] < found["samples"]:
+                print(
+                    f"  {name} latency round {run['round']}:"
+                    f" {found['samples'] - found['started']} jobs not started within 5 s"
+                )
 
 
 # ---------------------------------------------------------------- main
@@ -695,19 +888,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--jobs", type=int, help="jobs per throughput and enqueue run (default 5000; quick 1000)")
     parser.add_argument("--only", choices=SIDES, action="append", help="run only this side (repeatable)")
-    parser.add_argument("--workloads", default="1,2,3,4,5,6", help="comma-separated, of 1-6 (7 comes with 3)")
-    parser.add_argument("--concurrencies", default="1,2,4,8,16", help="workload 2 (default %(default)s)")
+    parser.add_argument("--workloads", default="1,2,3,4,5,6", help="comma-separated, of 1-6")
+    parser.add_argument("--concurrencies", default="2,4,8,16", help="workload 2's sweep for ours (default %(default)s)")
+    parser.add_argument("--sweep", action="store_true", help="workloads 1 and 3: every listed setting of each peer")
     parser.add_argument("--samples", type=int, help="workload 4's jobs (default 200; quick 50)")
     parser.add_argument("--idle-seconds", type=float, help="workload 6's window (default 60; quick 20)")
     parser.add_argument("--settle", type=float, help="workload 6: seconds before the window (default 30; quick 15)")
+    parser.add_argument("--fsync-seconds", type=int, help="pg_test_fsync's seconds a test (default 2; quick 1)")
     add_pgbench_seconds(parser, default=0)
     parser.add_argument(
-        "--rounds", type=int, help="workloads 1, 3 and 5: rounds, each side once a round (default 3; quick 1)"
+        "--rounds", type=int, help="rounds of every workload, each side once a round (default 3; quick 1)"
     )
     parser.add_argument(
         "--peer-python",
-        default=sys.executable,
-        help="the interpreter with bench/requirements.txt installed, for the peers (default: this one)",
+        default=str(PEER_VENV / "bin" / "python"),
+        help="the interpreter (Python >= 3.12) with bench/requirements.txt, for the peers"
+        " (default %(default)s, built when missing)",
     )
     parser.add_argument("--quick", action="store_true", help="a sanity run: smaller numbers, shorter windows")
     args = parser.parse_args(argv)
@@ -716,34 +912,34 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.samples = args.samples or (50 if quick else 200)
     args.idle_seconds = args.idle_seconds or (20.0 if quick else 60.0)
     args.settle = args.settle if args.settle is not None else (15.0 if quick else 30.0)
+    args.fsync_seconds = args.fsync_seconds or (1 if quick else 2)
     # 0: not given on the command line.
     args.pgbench_seconds = args.pgbench_seconds or (5 if quick else 10)
     args.rounds = args.rounds or (1 if quick else 3)
-    args.workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    args.workloads = sorted({w.strip() for w in args.workloads.split(",") if w.strip()})
     args.concurrencies = sorted({int(c) for c in args.concurrencies.split(",")})
     args.sides = [s for s in SIDES if not args.only or s in args.only]
-    if set(args.workloads) - set("1234567") or args.jobs < MANY_QUEUES or min(args.concurrencies) < 1:
-        parser.error("--workloads of 1-7, --jobs >= 40, --concurrencies >= 1")
+    if set(args.workloads) - set(WORKLOADS) or args.jobs < MANY_QUEUES or min(args.concurrencies) < 1:
+        parser.error("--workloads of 1-6, --jobs >= 40, --concurrencies >= 1")
     if args.rounds < 1:
         parser.error("--rounds >= 1")
     return args
 
 
-def check_peers(args: argparse.Namespace) -> None:
-    if set(args.sides) & set(PEERS):
-        peer_versions(args.peer_python)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    check_peers(args)
+    ensure_peers(args)
 
     def measure(server: Server, rate: CommitRate) -> dict[str, Any]:
+        print(f"pg_test_fsync: {args.fsync_seconds} s a test ...", flush=True)
+        fsync = harness.fdatasync_rate(rate.pgbench, args.fsync_seconds, server)
         results = run_all(server, args)
-        rows = build_rows(results)
+        sides = {name: asdict(r) for name, r in results.items()}
+        rows = build_rows(sides)
         return {
-            "sides": {name: asdict(r) for name, r in results.items()},
-            "table": [{**asdict(row), "ratios": dict(zip(RATIO_KEYS, ratios(row), strict=True))} for row in rows],
+            "fdatasync": asdict(fsync),
+            "sides": sides,
+            "table": [{**asdict(row), "best_peer_and_ratio": ratio(row)} for row in rows],
         }
 
     return harness.run("compare", args, measure, print_table)

@@ -402,6 +402,59 @@ def commit_rate(server: Server, seconds: int) -> CommitRate:
         return measure_commit_rate(scratch.url, seconds)
 
 
+@dataclass
+class FsyncRate:
+    ops_per_s: float  # fdatasyncs a second, one 8 kB write each
+    seconds: int  # pg_test_fsync's seconds a test
+    binary: str
+    same_device: bool | None  # its file on the server's data directory's filesystem (None: not visible here)
+
+
+_FDATASYNC = re.compile(r"\s+fdatasync\s+([\d.]+) ops/sec")
+
+
+def pg_test_fsync_binary(pgbench: str) -> str:
+    """pg_test_fsync of the install pgbench comes from: beside it, or, behind
+    Debian's pg_wrapper, in /usr/lib/postgresql/<its major version>/bin."""
+    beside = Path(pgbench).resolve().parent / "pg_test_fsync"
+    if beside.exists():
+        return str(beside)
+    version = subprocess.run([pgbench, "--version"], capture_output=True, text=True).stdout
+    major = re.search(r"\) (\d+)", version)
+    debian = Path(f"/usr/lib/postgresql/{major.group(1) if major else '?'}/bin/pg_test_fsync")
+    if not debian.exists():
+        raise SystemExit(f"no pg_test_fsync beside {pgbench} nor at {debian}")
+    return str(debian)
+
+
+def fdatasync_rate(pgbench: str, seconds: int, server: Server) -> FsyncRate:
+    """The disk's flush rate as the server's WAL meets it: pg_test_fsync's
+    fdatasync of one 8 kB write (Linux's default wal_sync_method), on a
+    temporary file, stopped once that line is out."""
+    binary = pg_test_fsync_binary(pgbench)
+    with tempfile.TemporaryDirectory(prefix="jobs-fsync-") as folder:
+        command = [binary, "-s", str(seconds), "-f", str(Path(folder) / "probe")]
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        found, lines = None, []
+        try:
+            for line in proc.stdout:  # type: ignore[union-attr]
+                lines.append(line)
+                found = _FDATASYNC.match(line)
+                if found:
+                    break
+        finally:
+            proc.terminate()
+            proc.wait()
+        if found is None:
+            raise SystemExit(f"pg_test_fsync printed no fdatasync rate:\n{''.join(lines)[-2000:]}")
+        with admin_connect(server.url) as conn, conn.cursor() as cur:
+            cur.execute("SHOW data_directory")
+            data = Path(cur.fetchone()[0])
+        conn.close()
+        same = os.stat(data).st_dev == os.stat(folder).st_dev if data.exists() else None
+    return FsyncRate(float(found.group(1)), seconds, binary, same)
+
+
 # ---------------------------------------------------------------- reading the server
 
 

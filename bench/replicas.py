@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import harness
 from bench.apps.compare_support import OURS_JOB_NAME
-from bench.compare import Side, side_worker
+from bench.compare import Side, concurrency, side_worker
 from bench.harness import (
     CommitRate,
     MachineCpu,
@@ -311,7 +311,7 @@ def run_phase(server: Server, count: int, mode: str, total: int) -> Phase:
                 folder = Path(work) / f"p{i}"
                 folder.mkdir()
                 # target 0: no done file; the benchmark watches the table instead.
-                runs.append(stack.enter_context(side_worker(side, scratch.url, queues[i], 1, 0, folder)))
+                runs.append(stack.enter_context(side_worker(side, scratch.url, queues[i], concurrency(1), 0, folder)))
             wait_ready(scratch, runs)
             # The benchmark's own connection, opened before the counter's first
             # read; its resume and polls are taken off the count.

@@ -16,13 +16,8 @@ that our worker does not do.
 
 from __future__ import annotations
 
-import asyncio
-import json
 import logging
-import random
-import signal
 import sys
-import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -31,7 +26,7 @@ from pgqueuer import Job, Queries, QueueManager
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from compare_support import Starts, enqueue_parser, round_robin, run_command, worker_parser
+from compare_support import Starts, enqueue_jobs, enqueue_parser, on_stop, run_command, worker_parser
 
 FALLBACK_POLL = timedelta(seconds=120)
 
@@ -47,6 +42,7 @@ async def install(url: str) -> None:
 async def work(argv: list[str]) -> None:
     parser = worker_parser("PGQueuer worker")
     parser.add_argument("--batch-size", type=int, default=10, help="jobs per dequeue (PGQueuer's default 10)")
+    # --concurrency 0: no limit (its entrypoint's concurrency_limit=0).
     args = parser.parse_args(argv)
     starts = Starts(args.target, args.done_file, args.starts_file)
     conn = await asyncpg.connect(args.url)
@@ -57,9 +53,7 @@ async def work(argv: list[str]) -> None:
         async def noop(job: Job) -> None:
             starts.started(int(job.payload or b"0"))
 
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, qm.shutdown.set)
+    on_stop(qm.shutdown.set)
     try:
         await qm.run(
             batch_size=args.batch_size,
@@ -73,28 +67,17 @@ async def work(argv: list[str]) -> None:
 
 async def enqueue(argv: list[str]) -> None:
     args = enqueue_parser("PGQueuer enqueue").parse_args(argv)
-    queues = args.queues.split(",")
     conn = await asyncpg.connect(args.url)
     queries = Queries.from_asyncpg_connection(conn)
+
+    async def one(queue: str, seq: int) -> None:
+        await queries.enqueue(queue, str(seq).encode())  # autocommit: its own transaction
+
+    async def many(rows: list[tuple[str, int]]) -> None:
+        await queries.enqueue([q for q, _ in rows], [str(s).encode() for _, s in rows], [0] * len(rows))
+
     try:
-        if args.mode == "produce":
-            commits = []
-            for seq in range(args.jobs):
-                await queries.enqueue(queues[0], str(seq).encode())  # autocommit: its own transaction
-                commits.append((seq, time.time()))
-                await asyncio.sleep(random.uniform(args.gap_min, args.gap_max))
-            json.dump(commits, sys.stdout)
-            return
-        rows = round_robin(queues, args.jobs)
-        started = time.perf_counter()
-        if args.batch == 1:
-            for queue, seq in rows:
-                await queries.enqueue(queue, str(seq).encode())
-        else:
-            for start in range(0, len(rows), args.batch):
-                chunk = rows[start : start + args.batch]
-                await queries.enqueue([q for q, _ in chunk], [str(s).encode() for _, s in chunk], [0] * len(chunk))
-        json.dump({"seconds": time.perf_counter() - started}, sys.stdout)
+        await enqueue_jobs(args, one, many)
     finally:
         await conn.close()
 

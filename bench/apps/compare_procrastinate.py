@@ -19,12 +19,8 @@ fallback poll.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import random
-import signal
 import sys
-import time
 from pathlib import Path
 
 import procrastinate
@@ -32,7 +28,7 @@ from procrastinate.worker import Worker
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from compare_support import Starts, enqueue_parser, round_robin, run_command, worker_parser
+from compare_support import Starts, enqueue_jobs, enqueue_parser, on_stop, run_command, worker_parser
 
 TASK = "bench_noop"
 FALLBACK_POLL = 120.0
@@ -41,7 +37,7 @@ FALLBACK_POLL = 120.0
 def make_app(url: str, pool_size: int) -> tuple[procrastinate.App, Starts]:
     """The app, its no-op task, and the starts it notes. The pool holds one
     connection per job at once and one for fetching; LISTEN has its own."""
-    starts = Starts(0, None, None)
+    starts = Starts()
     connector = procrastinate.PsycopgConnector(conninfo=url, min_size=1, max_size=pool_size)
     app = procrastinate.App(connector=connector)
 
@@ -85,53 +81,39 @@ async def work(argv: list[str]) -> None:
     queues = args.queues.split(",")
     slots = args.concurrency * (len(queues) if args.per_queue else 1)
     app, starts = make_app(args.url, slots + 1)
-    starts.target, starts.done_file, starts.starts_file = args.target, args.done_file, args.starts_file
+    starts.arm(args)
     try:
         async with app.open_async():
             workers = make_workers(app, queues, args.concurrency, args.per_queue)
-            loop = asyncio.get_running_loop()
-            for signum in (signal.SIGTERM, signal.SIGINT):
-                # stop: fetch no more, let running jobs end, return from run().
-                loop.add_signal_handler(signum, lambda: [w.stop() for w in workers])
+            # stop: fetch no more, let running jobs end, return from run().
+            on_stop(lambda: [w.stop() for w in workers])
             await asyncio.gather(*(w.run() for w in workers))
     finally:
         starts.dump()
-
-
-async def defer_all(task: procrastinate.tasks.Task, rows: list[tuple[str, int]], batch: int, lock: bool) -> None:
-    """rows as jobs: one defer (one transaction) each, or batch_defer of up to
-    `batch` at a time per queue (a deferrer is configured for one queue)."""
-    if batch == 1:
-        for queue, seq in rows:
-            await task.configure(queue=queue, lock=queue if lock else None).defer_async(seq=seq)
-        return
-    for start in range(0, len(rows), batch):
-        by_queue: dict[str, list[dict[str, int]]] = {}
-        for queue, seq in rows[start : start + batch]:
-            by_queue.setdefault(queue, []).append({"seq": seq})
-        for queue, kwargs in by_queue.items():
-            await task.configure(queue=queue, lock=queue if lock else None).batch_defer_async(*kwargs)
 
 
 async def enqueue(argv: list[str]) -> None:
     parser = enqueue_parser("procrastinate enqueue")
     parser.add_argument("--lock", action="store_true", help="each job carries its queue as lock")
     args = parser.parse_args(argv)
-    queues = args.queues.split(",")
     app, _ = make_app(args.url, 1)
+
+    def deferrer(queue: str) -> procrastinate.tasks.Task:
+        # A deferrer is configured for one queue.
+        return app.tasks[TASK].configure(queue=queue, lock=queue if args.lock else None)
+
+    async def one(queue: str, seq: int) -> None:
+        await deferrer(queue).defer_async(seq=seq)  # its own transaction
+
+    async def many(rows: list[tuple[str, int]]) -> None:
+        by_queue: dict[str, list[dict[str, int]]] = {}
+        for queue, seq in rows:
+            by_queue.setdefault(queue, []).append({"seq": seq})
+        for queue, kwargs in by_queue.items():
+            await deferrer(queue).batch_defer_async(*kwargs)
+
     async with app.open_async():
-        task = app.tasks[TASK]
-        if args.mode == "produce":
-            commits = []
-            for seq in range(args.jobs):
-                await task.configure(queue=queues[0]).defer_async(seq=seq)  # its own transaction
-                commits.append((seq, time.time()))
-                await asyncio.sleep(random.uniform(args.gap_min, args.gap_max))
-            json.dump(commits, sys.stdout)
-            return
-        started = time.perf_counter()
-        await defer_all(task, round_robin(queues, args.jobs), args.batch, args.lock)
-        json.dump({"seconds": time.perf_counter() - started}, sys.stdout)
+        await enqueue_jobs(args, one, many)
 
 
 def main() -> int:
