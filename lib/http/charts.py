@@ -104,7 +104,11 @@ def line_chart(data: Sequence[Bucket], label: str, series: dict[str, str], unit:
             points.append(f"{(i + 0.5) * step:.2f},{HEIGHT - HEIGHT * value / top:.2f}")
         runs.append(points)
         for run in runs:
-            if run:
+            if len(run) == 1:
+                # A value with none beside it (a quiet queue's one busy minute): a dot, as no line can show it.
+                x, y = run[0].split(",")
+                lines.append(f'<circle cx="{x}" cy="{y}" r="2" fill="{colour}"/>')
+            elif run:
                 lines.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.5" points="{" ".join(run)}"/>')
     return _svg(label, f"at most {top:.3g} {unit}", "".join(lines))
 

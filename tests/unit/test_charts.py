@@ -44,10 +44,11 @@ def test_an_empty_window_draws_no_bars_and_no_division_by_zero():
     assert "<polyline" not in line_chart(data, "x", {"latency_p95": "#000"}, "s")
 
 
-def test_a_line_breaks_where_a_bucket_has_no_value():
+def test_a_line_breaks_where_a_bucket_has_no_value_and_a_lone_value_is_a_dot():
     data = buckets([row(0, p95=1.0), row(1, p95=2.0), row(3, p95=4.0)], T, T + 4 * MINUTE, MINUTE)
     svg = line_chart(data, "latency", {"latency_p95": "#000"}, "s")
-    assert svg.count("<polyline") == 2
+    assert svg.count("<polyline") == 1 and svg.count("<circle") == 1
+    assert 'cy="0.00"' in svg  # the lone 4 s is the top of the chart
     assert "at most 4 s" in svg
 
 
