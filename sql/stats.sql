@@ -4,7 +4,7 @@
 -- finished rows kept for retention.
 
 -- name: queue_stats
--- Per queue: pending rows (due, retrying, oldest due run_at), started rows, rows finished in the last hour by status prefix, the pause and throttle in force; for every queue with live or recent rows or job_queues state, and the names given.
+-- Per queue: pending rows (due, retrying, oldest due run_at), started rows, rows finished in the last hour by status prefix (rolled-up minutes, then the rows since), the pause and throttle in force; for every queue with live or recent rows or job_queues state, and the names given.
 WITH pending AS (
   SELECT queue,
          count(*)::int AS pending,
@@ -17,14 +17,33 @@ WITH pending AS (
 running AS (
   SELECT queue, count(*)::int AS running FROM jobs WHERE status = 'started' GROUP BY queue
 ),
--- Grouped by prefix, not by status: statuses carry details, so there may be
--- one per row. This predicate is jobs_finished's own, so the index serves it.
+-- Finished in the last hour, by status prefix: whole minutes from the rollup
+-- (job_minutes, migration 024) up to the last one it wrote, and only the rows
+-- finished since then from jobs, so a view reads a few minutes of finished
+-- rows, not the hour's. With no rollup in the hour, every row is read.
+rolled AS (
+  SELECT greatest(max(minute) + interval '1 minute', date_trunc('minute', now() - interval '1 hour')) AS upto
+  FROM job_minutes
+  WHERE queue = '' AND minute >= date_trunc('minute', now() - interval '1 hour')
+),
 done AS (
   SELECT queue, jsonb_object_agg(prefix, n) AS done
   FROM (
-    SELECT queue, split_part(status, ': ', 1) AS prefix, count(*)::int AS n
-    FROM jobs
-    WHERE status NOT IN ('pending', 'started') AND finished_at > now() - interval '1 hour'
+    SELECT queue, prefix, sum(n)::int AS n
+    FROM (
+      SELECT m.queue, k.prefix, k.n
+      FROM job_minutes m
+      CROSS JOIN LATERAL (VALUES ('ok', m.ok), ('fail', m.fail), ('skip', m.skip), ('err', m.err)) AS k(prefix, n)
+      WHERE m.queue <> '' AND k.n > 0
+        AND m.minute >= date_trunc('minute', now() - interval '1 hour') AND m.minute < (SELECT upto FROM rolled)
+      UNION ALL
+      -- Grouped by prefix, not by status: statuses carry details, so there may
+      -- be one per row. This predicate is jobs_finished's own, so the index serves it.
+      SELECT queue, split_part(status, ': ', 1), count(*)::int
+      FROM jobs
+      WHERE status NOT IN ('pending', 'started') AND finished_at >= (SELECT upto FROM rolled)
+      GROUP BY 1, 2
+    ) AS parts
     GROUP BY 1, 2
   ) AS d
   GROUP BY queue

@@ -35,6 +35,23 @@ def test_queue_stats_counts_each_part_of_a_queue(db):
     assert (a.paused_until, a.pause_reason, a.throttled_until) == (None, None, None)
 
 
+def test_done_in_the_hour_reads_rolled_up_minutes_and_only_the_rows_finished_since(db):
+    """Whole minutes come from job_minutes up to the last one the rollup wrote;
+    jobs is read only after it. A row finished before that minute's end is the
+    rollup's to count (planted here without its minute, it is not counted)."""
+    rolled = "date_trunc('minute', now()) - interval '10 minutes'"
+    db.exec(
+        "INSERT INTO job_minutes (queue, minute, ok, fail, skip, err) VALUES "
+        f"('a', {rolled}, 500, 0, 0, 7), ('', {rolled}, 500, 0, 0, 7), "
+        "('a', date_trunc('minute', now()) - interval '2 hours', 1000, 0, 0, 0)"
+    )
+    make_job(db, "a", status="ok", finished_at=ago(minutes=20))  # before the last rolled minute
+    make_job(db, "a", status="ok", finished_at=ago(minutes=2))  # since it
+    make_job(db, "a", status="fail: no", finished_at=ago(seconds=5))
+    [a] = overview.queue_stats(db)
+    assert a.done_1h == {"ok": 501, "fail": 1, "skip": 0, "err": 7}
+
+
 def test_queue_stats_lists_named_and_paused_queues_with_zeros(db):
     assert overview.queue_stats(db) == []
     zero = {"ok": 0, "fail": 0, "skip": 0, "err": 0}
