@@ -25,7 +25,7 @@ from lib.greenlets import hub_watch  # noqa: E402
 from lib.greenlets.backoff import Backoff  # noqa: E402
 from lib.greenlets.supervise import Supervisor  # noqa: E402
 from lib.operate import overview, queue_state, setup_check  # noqa: E402
-from lib.operate.queue_state import pause, resume  # noqa: E402
+from lib.operate.queue_state import declare_rate, pause, resume  # noqa: E402
 from lib.run.api_queue import AUTH_PREFIX  # noqa: E402
 from lib.run.poller import Poller  # noqa: E402
 from lib.run.queue import Queue  # noqa: E402
@@ -296,7 +296,7 @@ def _operate(db: DB, args: "Namespace | SimpleNamespace", registry: Registry) ->
     out, err = sys.stdout, sys.stderr
     handled: dict[str, frozenset[str]] = {}
     queues: list[Queue] = []
-    if args.command in ("status", "pause", "resume", "enqueue", "failed", "redrive", "retry"):
+    if args.command in ("status", "pause", "resume", "scale", "enqueue", "failed", "redrive", "retry"):
         try:
             queues = setup_check.defined(registry, db)
         except SettingError as exc:  # as the worker would refuse to start
@@ -321,6 +321,8 @@ def _operate(db: DB, args: "Namespace | SimpleNamespace", registry: Registry) ->
         return commands.cancel(db, args, out)
     if args.command == "status":
         return commands.status(db, args, out, queues=handled)
+    if args.command == "scale":
+        return commands.scale(db, args, out, err, queues=queues)
     if args.command == "enqueue":
         args_type = registry_check.args_types(queues).get((args.queue, args.name))
         return commands.enqueue(db, args, out, err, handled=handled, args_type=args_type)
@@ -513,7 +515,9 @@ def _queues_to_run(
             continue
         # Additive: a process that lists fewer names (an older release) cannot switch others off.
         if queue.dedupe and not dedupe.declare(db, queue.name, queue.dedupe):
-            declaring.add(queue.name, queue.dedupe)
+            declaring.add_names(queue.name, queue.dedupe)
+        if not declare_rate(db, queue.name, queue.rate):
+            declaring.add(f"queue={queue.name} rate", lambda q=queue: declare_rate(db, q.name, q.rate))
         if resume(db, queue.name, prefix=AUTH_PREFIX):
             log.info("queue=%s auth pause ended at start", queue.name)
         queues.append(queue)

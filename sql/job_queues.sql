@@ -37,3 +37,32 @@ ON CONFLICT (queue) DO UPDATE
 SET paused_until = excluded.paused_until, pause_reason = excluded.pause_reason
 WHERE job_queues.paused_until IS NULL OR job_queues.paused_until <= now()
 RETURNING queue
+
+-- name: rate_declare
+-- A queue's rate, as its definition says at a worker's start (migration 025): the key's spacing and burst, kept moment (tat) and all, and the queue's key. A row another transaction holds waits for the transaction's lock_timeout.
+INSERT INTO job_rates (key, spacing, burst) VALUES (%(key)s, %(spacing)s, %(burst)s)
+ON CONFLICT (key) DO UPDATE SET spacing = excluded.spacing, burst = excluded.burst
+WHERE (job_rates.spacing, job_rates.burst) IS DISTINCT FROM (excluded.spacing, excluded.burst)
+
+-- name: rate_name
+-- Name a queue's rate key (NULL: no rate), after rate_declare has written the key's row.
+INSERT INTO job_queues (queue, rate_key) VALUES (%(queue)s, %(key)s)
+ON CONFLICT (queue) DO UPDATE SET rate_key = excluded.rate_key
+WHERE job_queues.rate_key IS DISTINCT FROM excluded.rate_key
+
+-- name: rate_clear
+-- Of the queues given (none with a rate in this release), clear each that still names a rate; a row without one is not locked.
+UPDATE job_queues SET rate_key = NULL WHERE queue = ANY(%(queues)s::text[]) AND rate_key IS NOT NULL
+
+-- name: queue_scale
+-- Set a queue's concurrency for every process (NULL: back to the definition's own), with who set it. At the commit its pollers are woken on channel jobs, so a slot let in claims at once, and the workers told on jobs_state.
+WITH scaled AS (
+  INSERT INTO job_queues (queue, scaled_to, scaled_by, scaled_at)
+  VALUES (%(queue)s, %(to)s, %(by)s, now())
+  ON CONFLICT (queue) DO UPDATE
+  SET scaled_to = excluded.scaled_to, scaled_by = excluded.scaled_by, scaled_at = excluded.scaled_at
+  RETURNING queue, scaled_to, scaled_by
+)
+SELECT pg_notify('jobs', queue), pg_notify('jobs_state', json_build_object(
+         'queue', queue, 'event', 'scaled', 'to', scaled_to, 'by', left(scaled_by, 200))::text)
+FROM scaled

@@ -87,6 +87,7 @@ SET status = CASE WHEN attempts < coalesce(max_attempts, 1) THEN 'pending'
     last_error = 'err: interrupted',
     -- A pending row belongs to no worker: a late outcome of the lost one cannot match it.
     worker_id = CASE WHEN attempts < coalesce(max_attempts, 1) THEN NULL ELSE worker_id END,
+    attempt_errors = jobs_attempt_errors(attempt_errors, status, attempts, worker_id, 'err: interrupted', NULL),
     lease_until = NULL, slot = NULL
 WHERE id IN (
   SELECT id FROM jobs

@@ -4,7 +4,7 @@
 -- finished rows kept for retention.
 
 -- name: queue_stats
--- Per queue: pending rows (due, retrying, oldest due run_at), started rows, rows finished in the last hour by status prefix (rolled-up minutes, then the rows since), the pause and throttle in force; for every queue with live or recent rows or job_queues state, and the names given.
+-- Per queue: pending rows (due, retrying, oldest due run_at), started rows, rows finished in the last hour by status prefix (rolled-up minutes, then the rows since), the pause and throttle in force, the concurrency set at run time and by whom; for every queue with live or recent rows or job_queues state, and the names given.
 WITH pending AS (
   SELECT queue,
          count(*)::int AS pending,
@@ -52,7 +52,8 @@ state AS (
   SELECT queue,
          CASE WHEN paused_until > now() THEN paused_until END AS paused_until,
          CASE WHEN paused_until > now() THEN pause_reason END AS pause_reason,
-         CASE WHEN next_claim_at > now() THEN next_claim_at END AS throttled_until
+         CASE WHEN next_claim_at > now() THEN next_claim_at END AS throttled_until,
+         scaled_to, scaled_by
   FROM job_queues
 ),
 queues AS (
@@ -64,7 +65,7 @@ queues AS (
 )
 SELECT q.queue, coalesce(p.pending, 0), coalesce(p.due, 0), coalesce(r.running, 0),
        extract(EPOCH FROM now() - p.oldest_due)::float8, coalesce(d.done, '{}'::jsonb),
-       coalesce(p.retrying, 0), s.paused_until, s.pause_reason, s.throttled_until
+       coalesce(p.retrying, 0), s.paused_until, s.pause_reason, s.throttled_until, s.scaled_to, s.scaled_by
 FROM queues q
 LEFT JOIN pending p ON p.queue = q.queue
 LEFT JOIN running r ON r.queue = q.queue

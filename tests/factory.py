@@ -46,6 +46,7 @@ class Job:
     last_error: str | None
     dedupe: bool
     last_traceback: str | None
+    attempt_errors: Any
 
 
 COLUMNS = tuple(f.name for f in fields(Job))

@@ -17,6 +17,7 @@ import psycopg2
 from gevent.event import Event
 
 from lib.job import Handler
+from lib.operate.queue_state import declare_rate
 from lib.run.poller import Poller
 from lib.run.queue import Queue
 from lib.run.runtime import Runtime
@@ -43,6 +44,9 @@ def make_poller(
         queue = Queue(queue, dispatch, **options)
     else:
         assert dispatch is None and not options, "a definition comes whole"
+    # As the worker does at start: the claim reads the rate from the database.
+    if queue.rate is not None:
+        assert declare_rate(db, queue.name, queue.rate)
     return Poller(queue, db, runtime or Runtime.alone(db))
 
 

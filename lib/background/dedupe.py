@@ -18,7 +18,7 @@ back (jobs_dedupe_mark, migration 009).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from gevent.event import Event
@@ -51,21 +51,21 @@ def declare(db: Any, queue: str, names: Iterable[str]) -> bool:
 
 
 class Waiting:
-    """The declarations that could not take their lock at start."""
+    """The declarations that could not take their locks at start (a queue's
+    dedupe names, its rate): each what it declares, for the log, and one try
+    at it, True when done."""
 
     def __init__(self, db: Any, outage: Outage | None = None) -> None:
         self.db = db
         self.outage = outage or Outage("database")
-        self.left: list[tuple[str, frozenset[str]]] = []
+        self.left: list[tuple[str, Callable[[], bool]]] = []
 
-    def add(self, queue: str, names: frozenset[str]) -> None:
-        log.info(
-            "queue=%s waits to declare its dedupe names %s behind open transactions that wrote jobs;"
-            " the queue runs meanwhile",
-            queue,
-            ", ".join(sorted(names)),
-        )
-        self.left.append((queue, names))
+    def add(self, what: str, attempt: Callable[[], bool]) -> None:
+        log.info("%s waits to be declared behind open transactions; the queue runs meanwhile", what)
+        self.left.append((what, attempt))
+
+    def add_names(self, queue: str, names: frozenset[str]) -> None:
+        self.add(f"queue={queue} dedupe names {', '.join(sorted(names))}", lambda: declare(self.db, queue, names))
 
     def run(self, stop: Event) -> None:
         """The supervised part: declare them all, then wait for the stop (a
@@ -76,9 +76,9 @@ class Waiting:
     def until_done(self, stop: Event) -> None:
         retry = Backoff(base=RETRY_BASE, cap=RETRY_CAP)
         while self.left and not stop.wait(retry.failed()):
-            queue, names = self.left[0]
+            what, attempt = self.left[0]
             try:
-                done = declare(self.db, queue, names)
+                done = attempt()
             except Exception as exc:
                 if not is_database_error(exc):
                     raise
@@ -87,5 +87,5 @@ class Waiting:
             self.outage.recovered()
             if done:
                 self.left.pop(0)
-                log.info("queue=%s dedupe names declared", queue)
+                log.info("%s declared", what)
                 retry.succeeded()

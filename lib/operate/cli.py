@@ -39,6 +39,13 @@ def make_parser(settings: Settings) -> argparse.ArgumentParser:
     pause_.add_argument("--minutes", type=_minutes, help="end the pause by itself after this long (default: never)")
     resume_ = commands.add_parser("resume", help="end a queue's pause")
     resume_.add_argument("queue", type=_text)
+    scale_ = commands.add_parser("scale", help="set how many of a queue's jobs run at once, across every worker")
+    scale_.add_argument("queue", type=_text)
+    scale_.add_argument(
+        "concurrency",
+        type=_concurrency,
+        help="from 1 to the queue's definition's concurrency, or 'default' for the definition's",
+    )
     redrive_ = commands.add_parser("redrive", aliases=["retry"], help="give failed (err:) jobs another attempt")
     redrive_.add_argument("--queue", type=_text)
     redrive_.add_argument("--name", type=_text)
@@ -92,6 +99,15 @@ def _number(text: str) -> float:
     value = _read(float, text, "a number")
     if not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"a finite number, got {text!r}")
+    return value
+
+
+def _concurrency(text: str) -> int | None:
+    if text == "default":
+        return None
+    value = _read(int, text, "a whole number of jobs, or 'default'")
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"at least 1 job at a time, got {text}")
     return value
 
 

@@ -11,7 +11,10 @@ may hold what the people who read a status screen should not see.
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
+import os
+import socket
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict
@@ -23,7 +26,7 @@ from tqdm import tqdm
 from lib.insert import InvalidJob, insert
 from lib.job import status as st
 from lib.job.args import ArgsError, unmarshal_args
-from lib.operate import overview
+from lib.operate import overview, queue_state
 from lib.operate.known_names import known_handled, not_known, unknown_names
 from lib.operate.overview import queue_stats, unrun_line, unrun_queues, workers
 from lib.operate.redrive import RedriveResult, redrive
@@ -68,7 +71,7 @@ def status(db: Any, args: argparse.Namespace, out: IO[str], *, queues: Iterable[
         return 0
     now = datetime.now(UTC)
     headers = ["queue", "pending", "due", "delayed", "running", "oldest due"]
-    headers += [f"{k} 1h" for k in ("ok", "fail", "skip", "err")] + ["retrying", "throttled until", "paused"]
+    headers += [f"{k} 1h" for k in ("ok", "fail", "skip", "err")] + ["retrying", "throttled until", "paused", "scaled"]
     rows = [
         [
             s.queue,
@@ -81,6 +84,7 @@ def status(db: Any, args: argparse.Namespace, out: IO[str], *, queues: Iterable[
             s.retrying,
             time_text(s.throttled_until),
             pause_text(s),
+            f"to {s.scaled_to} by {s.scaled_by}" if s.scaled_to else "-",
         ]
         for s in found
     ]
@@ -100,6 +104,35 @@ def status(db: Any, args: argparse.Namespace, out: IO[str], *, queues: Iterable[
         headers = ["id", "host", "pid", "started", "last seen", "holding", "queues"]
         print_table(out, headers, [worker_row(w, now, holding=True) for w in dead])
     return 0
+
+
+def scale(db: Any, args: argparse.Namespace, out: IO[str], err: IO[str], *, queues: Sequence[Any]) -> int:
+    """Set a queue's concurrency for every worker, up to its definition's:
+    each process runs that many slots at most, so no more can be let in."""
+    queue = next((q for q in queues if q.name == args.queue), None)
+    if queue is None:
+        print(f"scale: {args.queue} is run by another release: scale it from there, where its definition is", file=err)
+        return 2
+    if args.concurrency is not None and args.concurrency > queue.concurrency:
+        print(
+            f"scale: {args.queue} runs at most {queue.concurrency} at once (its definition's concurrency);"
+            " raise that to go higher",
+            file=err,
+        )
+        return 2
+    queue_state.scale(db, args.queue, args.concurrency, f"cli {_who()}")
+    to = args.concurrency or f"its definition's {queue.concurrency}"
+    print(f"{args.queue} runs {to} at a time in every worker's next claim", file=out)
+    return 0
+
+
+def _who() -> str:
+    """The person at the command line, as user@host, for whoever finds a queue scaled."""
+    try:
+        user = getpass.getuser()
+    except Exception:  # no such user in a container's passwd, no LOGNAME
+        user = f"uid {os.getuid()}"
+    return f"{user}@{socket.gethostname()}"
 
 
 def failed(db: Any, args: argparse.Namespace, out: IO[str]) -> int:
@@ -131,7 +164,7 @@ def show(db: Any, args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         return 0
     width = max(map(len, job)) + 2
     for key, value in job.items():
-        if key not in ("args", "last_traceback"):
+        if key not in ("args", "last_traceback", "attempt_errors"):
             shown = (
                 time_text(value) if isinstance(value, datetime) else one_line(str(value)) if value is not None else "-"
             )
@@ -143,6 +176,10 @@ def show(db: Any, args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         print("last traceback:", file=out)
         for line in job["last_traceback"].rstrip("\n").splitlines():
             print(one_line(line), file=out)
+    if len(job["attempt_errors"]) > 1:
+        print("each attempt's error:", file=out)
+        for e in job["attempt_errors"]:
+            print(f"  attempt {e.get('attempt')} at {e.get('at')}: {one_line(str(e.get('error')))}", file=out)
     return 0
 
 

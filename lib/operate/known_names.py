@@ -40,6 +40,8 @@ def unknown_names(db: Any, args: argparse.Namespace, handled: Mapping[str, Colle
         paused = [q for q, _, _ in db.query(Q.queue_paused)]
         where = "registered, run by a live worker or paused"
         return not_known("queue", queue, [*handled, *paused], where)
+    if command == "scale":
+        return not_known("queue", queue, handled, "registered or run by a live worker")
     if command in ("failed", "redrive", "retry") and (queue is not None or name is not None):
         return _unknown_failed(db, queue, name, handled)
     return None

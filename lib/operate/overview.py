@@ -33,6 +33,8 @@ class QueueStats:
     paused_until: datetime | None  # datetime.max (UTC) for a pause until resumed
     pause_reason: str | None
     throttled_until: datetime | None  # job_queues.next_claim_at when in the future
+    scaled_to: int | None = None  # the concurrency set at run time (`scale`); None: the definition's
+    scaled_by: str | None = None
 
 
 @dataclass(frozen=True)
@@ -66,8 +68,23 @@ def queue_stats(db: Any, queues: Iterable[str] = ()) -> list[QueueStats]:
             paused_until=paused_until,
             pause_reason=pause_reason,
             throttled_until=throttled_until,
+            scaled_to=scaled_to,
+            scaled_by=scaled_by,
         )
-        for queue, pending, due, running, oldest, done, retrying, paused_until, pause_reason, throttled_until in rows
+        for (
+            queue,
+            pending,
+            due,
+            running,
+            oldest,
+            done,
+            retrying,
+            paused_until,
+            pause_reason,
+            throttled_until,
+            scaled_to,
+            scaled_by,
+        ) in rows
     ]
     return sorted(found, key=lambda s: s.queue)
 
@@ -97,14 +114,19 @@ def workers(db: Any, *, now: datetime | None = None) -> list[WorkerInfo]:
 JOB_COLUMNS = (
     *("id", "queue", "name", "status", "args", "priority", "run_at", "attempts", "max_attempts"),
     *("last_error", "callsite", "worker_id", "slot", "lease_until", "dedupe"),
-    *("created_at", "started_at", "finished_at", "last_traceback"),
+    *("created_at", "started_at", "finished_at", "last_traceback", "attempt_errors"),
 )
 
 
 def job(db: Any, job_id: int) -> dict[str, Any] | None:
     """One job, every column (args included: only for a person who asked), or None."""
     row = db.query_row(Q.job_get, {"id": job_id})
-    return None if row is None else dict(zip(JOB_COLUMNS, row, strict=True))
+    if row is None:
+        return None
+    found = dict(zip(JOB_COLUMNS, row, strict=True))
+    # Each attempt's error, oldest first (migration 025); [] for a job none failed.
+    found["attempt_errors"] = found["attempt_errors"] or []
+    return found
 
 
 def age(seconds: float | None) -> str:

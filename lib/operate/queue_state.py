@@ -1,4 +1,4 @@
-"""Pause and resume a queue for every worker process."""
+"""Pause, resume and scale a queue for every worker process, and declare its rate."""
 
 from __future__ import annotations
 
@@ -8,9 +8,14 @@ from collections.abc import Callable, Collection
 from datetime import datetime
 from typing import Any
 
+from lib.job.rate import Rate
+from lib.store.db import is_lock_timeout
 from lib.store.sql import Q
 
 log = logging.getLogger("jobs.queue_state")
+
+# How long a rate's declaration may wait on a row another transaction holds.
+RATE_LOCK_TIMEOUT_MS = 2000
 
 
 def pause(db: Any, queue: str, reason: str, until: datetime | None = None) -> None:
@@ -28,6 +33,17 @@ def resume(db: Any, queue: str, *, prefix: str | None = None) -> bool:
     return bool(db.exec(Q.queue_resume, {"queue": queue, "prefix": prefix}))
 
 
+def scale(db: Any, queue: str, to: int | None, by: str) -> None:
+    """Every process runs at most `to` of the queue's jobs at once (None: as
+    many as its definition says) from the next claim on; the caller keeps
+    `to` within the definition's concurrency, the most a process runs."""
+    if to is not None and (isinstance(to, bool) or not isinstance(to, int) or to < 1):
+        raise ValueError(f"a queue's concurrency is a whole number, at least 1: {to!r}")
+    if not by.strip():
+        raise ValueError("a scale needs who set it, for the operators who find it")
+    db.exec(Q.queue_scale, {"queue": queue, "to": to, "by": by})
+
+
 def logger(queues: Collection[str]) -> Callable[[str], None]:
     """For the worker's listener: log each pause and resume (of any worker's
     doing, or an operator's) of the queues this worker runs, so its log says
@@ -42,10 +58,34 @@ def logger(queues: Collection[str]) -> Callable[[str], None]:
             return
         if queue not in queues:
             return
-        if event == "paused":
+        if event == "scaled":
+            to = change.get("to") or "its definition's"
+            log.info("queue=%s concurrency set to %s by %s", queue, to, change.get("by"))
+        elif event == "paused":
             until = "resumed" if str(change.get("until")).startswith("infinity") else change.get("until")
             log.info("queue=%s paused until %s: %s", queue, until, change.get("reason"))
         else:
             log.info("queue=%s %s", queue, event)
 
     return said
+
+
+def declare_rate(db: Any, queue: str, rate: Rate | None) -> bool:
+    """One try at writing the queue's rate (None: it has none); False when a
+    row it writes was held by another transaction past the lock timeout."""
+    try:
+        with db.transaction() as tx:
+            tx.exec(f"SET LOCAL lock_timeout = {RATE_LOCK_TIMEOUT_MS}")
+            if rate is None:
+                tx.exec(Q.rate_clear, {"queues": [queue]})
+                return True
+            key = rate.key_of(queue)
+            tx.exec(Q.rate_declare, {"key": key, "spacing": rate.spacing, "burst": rate.burst})
+            tx.exec(Q.rate_name, {"queue": queue, "key": key})
+    except Exception as exc:
+        if is_lock_timeout(exc):
+            return False
+        raise
+    if rate is not None:
+        log.info("queue=%s rate %s (key %s)", queue, rate, rate.key_of(queue))
+    return True

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from lib.background.clock import Scheduled, check_schedule
+from lib.job.rate import check_shared
 from lib.setup.settings import SettingError
 from lib.store.db import DB
 
@@ -47,6 +48,10 @@ def defined(registry: Sequence[Callable[[DB], Any]], db: DB) -> list[Any]:
             made.append(make(db))
         except Exception as exc:
             raise SettingError(f"{_label(make)} cannot build its queue: {_fault(exc)}") from None
+    try:
+        check_shared((q.name, q.rate) for q in made if q.rate is not None)
+    except ValueError as exc:
+        raise SettingError(str(exc)) from None
     return made
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from lib.greenlets.backoff import BASE_SECONDS as RETRY_BASE_SECONDS
 from lib.insert import check_name
 from lib.job import Handler, Throttle
+from lib.job.rate import Rate
 
 
 @dataclass(frozen=True, eq=False)
@@ -31,6 +32,9 @@ class Queue:
     # Job names that refuse a second pending or started copy with the same args.
     dedupe: AbstractSet[str] = field(default=frozenset())
     retry_base: float = RETRY_BASE_SECONDS
+    # Jobs started per period across every process (lib/run/rate.py); the
+    # throttle and the concurrency apply as well.
+    rate: Rate | None = None
 
     def __post_init__(self) -> None:
         # Copies: a caller's dict or set changed later changes no definition.
@@ -59,5 +63,9 @@ def _check(q: Queue) -> None:
         raise ValueError(f"queue {q.name}: concurrency and max_attempts must be at least 1")
     if q.throttle is not None and not callable(q.throttle):
         raise ValueError(f"queue {q.name}: throttle must be callable")
+    if q.rate is not None and not isinstance(q.rate, Rate):
+        raise ValueError(f"queue {q.name}: rate must be a Rate, as Rate(100, per=60, burst=20)")
+    if q.rate is not None and q.rate.key is not None:
+        check_name(f"queue {q.name}: rate key", q.rate.key)
     if not q.dedupe <= q.dispatch.keys():
         raise ValueError(f"queue {q.name}: dedupe names jobs it does not handle: {set(q.dedupe) - set(q.dispatch)}")

@@ -401,6 +401,25 @@ def test_a_job_page_shows_every_field_its_traceback_and_masks_secret_args(db, se
         run_at=ago(seconds=5),
         started_at=ago(seconds=3),
         last_traceback="Traceback (most recent call last):\n  File \"queues/crm/__init__.py\", line 9\nKeyError: 'plan'\n",
+        attempts=2,
+        attempt_errors=json.dumps(
+            [
+                {
+                    "attempt": 1,
+                    "at": "t1",
+                    "worker": "vm-0:1:aa",
+                    "error": "err: TimeoutError: first try",
+                    "traceback": 'Traceback (most recent call last):\n  File "queues/crm/first.py"\n',
+                },
+                {
+                    "attempt": 2,
+                    "at": "t2",
+                    "worker": "vm-1:4242:ab12cd34",
+                    "error": "err: KeyError: 'plan'",
+                    "traceback": 'Traceback (most recent call last):\n  File "queues/crm/__init__.py", line 9\n',
+                },
+            ]
+        ),
     )
     with admin_site(db) as base:
         page = requests.get(f"{base}/admin/jobs/{job.id}", headers=AUTH, timeout=5).text
@@ -408,6 +427,10 @@ def test_a_job_page_shows_every_field_its_traceback_and_masks_secret_args(db, se
     for shown in ("crm.Sync", "err: KeyError: 'plan'", "vm-1:4242:ab12cd34", job.callsite, '"customer_id": 42'):
         assert shown in text, shown
     assert "queues/crm/__init__.py" in re.search(r'<pre id="traceback">(.*?)</pre>', text, re.S).group(1)
+    # Each attempt's error, the earlier one's traceback included.
+    attempts = re.search(r'<ol id="attempt-errors"[^>]*>(.*?)</ol>', text, re.S).group(1)
+    assert "attempt 1" in attempts and "err: TimeoutError: first try" in attempts and "queues/crm/first.py" in attempts
+    assert "attempt 2" in attempts and "vm-0:1:aa" in attempts
     assert "tok-visible-nowhere" not in text and "hunter2-nowhere" not in text and "s3cr3t" not in text
     assert text.count("[redacted]") >= 3
     assert 'href="/admin/jobs?queue=crm"' in page and 'href="/admin/jobs?name=crm.Sync"' in page
@@ -516,6 +539,9 @@ def test_hostile_names_args_errors_and_searches_are_escaped(db):
         callsite=XSS,
         worker_id=XSS,
         last_traceback=f"Traceback\n{XSS}\n",
+        attempt_errors=json.dumps(
+            [{"attempt": n, "at": XSS, "worker": XSS, "error": XSS, "traceback": XSS} for n in (1, 2)]
+        ),
     ).id
     with admin_site(db) as base:
         pages = [

@@ -22,7 +22,7 @@ from tests_support import ROOT
 import worker
 from lib.background import worker_registry
 from lib.job.args import ArgsError, unmarshal_args
-from lib.operate import commands, overview, tables
+from lib.operate import commands, overview, queue_state, tables
 from lib.operate.cli import make_parser
 from lib.operate.queue_state import pause
 from lib.operate.registry_check import handled
@@ -74,7 +74,7 @@ def test_status_on_an_empty_table_lists_every_registered_queue_with_zeros(db, cl
     rows = _lines(out)
     assert rows[0][:6] == ["queue", "pending", "due", "delayed", "running", "oldest due"]
     assert [r[0] for r in rows[1 : n + 1]] == registered
-    assert all(r[1:] == ["0", "0", "0", "0", "-", "0", "0", "0", "0", "0", "-", "-"] for r in rows[1 : n + 1])
+    assert all(r[1:] == ["0", "0", "0", "0", "-", "0", "0", "0", "0", "0", "-", "-", "-"] for r in rows[1 : n + 1])
     assert rows[n + 1] == ["live workers: 0"]
     code, out, _ = cli("status", "--json")
     got = json.loads(out)
@@ -83,7 +83,7 @@ def test_status_on_an_empty_table_lists_every_registered_queue_with_zeros(db, cl
     assert got["queues"][0] == {
         "queue": registered[0], "pending": 0, "due": 0, "delayed": 0, "running": 0, "oldest_due_age_s": None,
         "done_1h": {"ok": 0, "fail": 0, "skip": 0, "err": 0}, "retrying": 0,
-        "paused_until": None, "pause_reason": None, "throttled_until": None,
+        "paused_until": None, "pause_reason": None, "throttled_until": None, "scaled_to": None, "scaled_by": None,
     }  # fmt: skip
 
 
@@ -98,6 +98,7 @@ def test_status_shows_each_queue_and_the_workers_live_and_dead(db, cli):
     pause(db, "github", "vendor incident", until)
     pause(db, "slack", "token rotation")
     db.exec("INSERT INTO job_queues (queue, next_claim_at) VALUES ('apollo', now() + interval '40 seconds')")
+    queue_state.scale(db, "maintenance", 1, "cli someone@host")
     worker_registry.register(db, "web-1:42:abc", ["caches", "github"], 30.0)
     db.exec(
         "INSERT INTO workers VALUES ('dead-1', 'old-host', 7, '{github}', now() - interval '1 day', "
@@ -111,10 +112,11 @@ def test_status_shows_each_queue_and_the_workers_live_and_dead(db, cli):
     assert re.fullmatch(r"2m0\ds", rows["caches"][5])
     assert rows["caches"][6:11] == ["1", "0", "0", "1", "1"]  # ok, fail, skip, err in the last hour; 1 retrying
     assert rows["github"][4] == "1"
-    assert rows["github"][-1] == f"until {until:%Y-%m-%d %H:%M:%S}Z: vendor incident"
-    assert rows["slack"][-1] == "until resumed: token rotation"
+    assert rows["github"][-2] == f"until {until:%Y-%m-%d %H:%M:%S}Z: vendor incident"
+    assert rows["slack"][-2] == "until resumed: token rotation"
+    assert rows["maintenance"][-1] == "to 1 by cli someone@host"
     assert rows["odd"][7] == "1"
-    assert rows["apollo"][-2].endswith("Z") and rows["apollo"][-1] == "-"  # throttled, not paused
+    assert rows["apollo"][-3].endswith("Z") and rows["apollo"][-2:] == ["-", "-"]  # throttled, not paused or scaled
     assert (
         out.index("live workers: 1")
         < out.index("web-1:42:abc")
@@ -489,3 +491,25 @@ def test_redrive_says_why_a_job_asked_for_is_not_redriven(db, cli):
     assert "  999999: no such job" in lines
     _, nothing, _ = cli("redrive", "--queue", "caches")
     assert "no err: job matches; fail: and skip: are answers" in nothing
+
+
+# scale
+
+
+def test_scale_sets_a_queue_concurrency_within_its_definition(db, cli):
+    limit = next(q.concurrency for q in defined(REGISTRY, db) if q.name == "caches")
+    code, out, err = cli("scale", "caches", "1")
+    assert code == 0, err
+    assert "caches runs 1 at a time" in out
+    to, by = db.query_row("SELECT scaled_to, scaled_by FROM job_queues WHERE queue = 'caches'")
+    assert to == 1 and by.startswith("cli ") and "@" in by
+    code, _, err = cli("scale", "caches", str(limit + 1))
+    assert code == 2 and f"runs at most {limit} at once" in err
+    assert db.query_row("SELECT scaled_to FROM job_queues WHERE queue = 'caches'") == (1,)
+    code, _, err = cli("scale", "cachez", "1")
+    assert code == 2 and "caches" in err  # the nearest known name
+    code, _, err = cli("scale", "caches", "0")
+    assert code == 2 and "at least 1" in err
+    code, out, err = cli("scale", "caches", "default")
+    assert code == 0, err
+    assert db.query_row("SELECT scaled_to FROM job_queues WHERE queue = 'caches'") == (None,)

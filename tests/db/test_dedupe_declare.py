@@ -292,10 +292,10 @@ def test_a_declaration_waiting_for_an_open_transaction_holds_up_no_heartbeat(run
         assert heartbeat_seconds(database_url, running) < 1
         # The worker runs its queue while its declaration waits.
         started = read_until(proc, "running 1 queues")
-        assert "waits to declare its dedupe names dd.A" in started
+        assert "queue=dd dedupe names dd.A waits to be declared" in started
         assert not declared(db, "dd.A")
         app.commit()
-        read_until(proc, "queue=dd dedupe names declared")
+        read_until(proc, "queue=dd dedupe names dd.A declared")
         assert db.query_row("SELECT status, dedupe FROM jobs WHERE id = %s", (early,)) == ("pending", True)
         assert insert(db, "dd", "dd.A", {"n": 1}) is None
         proc.send_signal(signal.SIGTERM)
