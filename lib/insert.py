@@ -43,6 +43,7 @@ class Job:
     run_at: datetime | None = None
     priority: int = 0
     max_attempts: int | None = None
+    key: str | None = None
 
 
 def insert(
@@ -55,6 +56,7 @@ def insert(
     priority: int = 0,
     max_attempts: int | None = None,
     callsite: str | None = None,
+    key: str | None = None,
 ) -> int | None:
     """Write one job; its id, or None when a unique (dedupe) index suppressed it.
 
@@ -63,7 +65,9 @@ def insert(
     dataclass instance; enqueue only the keys you set, since args is part of
     the dedupe key. max_attempts None means the queue's own setting. callsite
     names the writer in the row; None: the caller's file:line (a command that
-    enqueues for a person names itself instead, "cli").
+    enqueues for a person names itself instead, "cli"). key puts the job in
+    an order of its own within the queue ("repo:octo/hello"): the jobs of one
+    key start one at a time, in the queue's order, across every worker.
     """
     params = {
         "queue": queue,
@@ -73,6 +77,7 @@ def insert(
         "priority": priority,
         "max_attempts": max_attempts,
         "callsite": callsite or _callsite(),
+        "key": _key(key),
     }
     found = _fetch(db, Q.job_insert, params, one=True)
     return found[0][0] if found else None
@@ -95,6 +100,7 @@ def insert_many(db: Any, jobs: Iterable[Job]) -> list[int]:
         "run_ats": _encode([None if j.run_at is None else j.run_at.isoformat() for j in jobs]),
         "priorities": _encode([j.priority for j in jobs]),
         "max_attempts": _encode([j.max_attempts for j in jobs]),
+        "keys": _encode([_key(j.key) for j in jobs]),
     }
     return [r[0] for r in _fetch(db, Q.job_insert_many, params, one=False)]
 
@@ -151,6 +157,10 @@ def _checked(queue: Any, name: Any, args: Any, run_at: Any, priority: Any, max_a
     if run_at is not None and (not isinstance(run_at, datetime) or run_at.tzinfo is None):
         raise InvalidJob("run_at must be a timezone-aware datetime (a naive one is ambiguous)")
     return encode_args(args)
+
+
+def _key(key: Any) -> str | None:
+    return None if key is None else check_name("key", key)
 
 
 def _fetch(db: Any, sql: str, params: dict[str, Any], *, one: bool) -> list[Any]:

@@ -3,14 +3,15 @@
 -- has the pool send it with its values, planned for them on every run (lib/store/sql.py).
 
 -- name: job_insert
--- Enqueue one job: jobs_insert (migration 015); NULL when a unique index (dedupe) suppressed it.
+-- Enqueue one job: jobs_insert (migration 026); NULL when a unique index (dedupe) suppressed it.
 SELECT jobs_insert(%(queue)s::text, %(name)s::text, %(args)s::jsonb, %(callsite)s::text,
-                   %(run_at)s::timestamptz, %(priority)s::int, %(max_attempts)s::int)
+                   %(run_at)s::timestamptz, %(priority)s::int, %(max_attempts)s::int, %(key)s::text)
 
 -- name: job_insert_many
--- Enqueue a list of jobs in one statement, each column a JSON array in the order given: jobs_insert_many (migration 015); suppressed duplicates return no id.
+-- Enqueue a list of jobs in one statement, each column a JSON array in the order given: jobs_insert_many (migration 026); suppressed duplicates return no id.
 SELECT id FROM jobs_insert_many(%(callsite)s::text, %(queues)s::jsonb, %(names)s::jsonb, %(args)s::jsonb,
-                                %(run_ats)s::jsonb, %(priorities)s::jsonb, %(max_attempts)s::jsonb) AS id
+                                %(run_ats)s::jsonb, %(priorities)s::jsonb, %(max_attempts)s::jsonb,
+                                %(keys)s::jsonb) AS id
 
 -- name: job_claim
 -- Claim the queue's next due job (or the one asked for) for one slot: a lone claim (jobs_step_one, migration 022), in job_claimed_by's columns. With nothing claimed, one row of NULLs whose wait says how long until the queue may have work.

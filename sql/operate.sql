@@ -16,7 +16,7 @@ LIMIT %(limit)s::bigint
 -- name: job_get
 -- One job, every column, for a person who asked to see it (args included).
 SELECT id, queue, name, status, args, priority, run_at, attempts, max_attempts, last_error, callsite,
-       worker_id, slot, lease_until, dedupe, created_at, started_at, finished_at, last_traceback, attempt_errors
+       worker_id, slot, lease_until, dedupe, created_at, started_at, finished_at, last_traceback, attempt_errors, key
 FROM jobs WHERE id = %(id)s::bigint
 
 -- name: job_cancel

@@ -4,7 +4,7 @@
 -- finished rows kept for retention.
 
 -- name: queue_stats
--- Per queue: pending rows (due, retrying, oldest due run_at), started rows, rows finished in the last hour by status prefix (rolled-up minutes, then the rows since), the pause and throttle in force, the concurrency set at run time and by whom; for every queue with live or recent rows or job_queues state, and the names given.
+-- Per queue: pending rows (due, retrying, oldest due run_at), started rows, rows finished in the last hour by status prefix (rolled-up minutes, then the rows since), the pause and throttle in force, the concurrency set at run time and by whom, the keys with work; for every queue with live or recent rows or job_queues state, and the names given.
 WITH pending AS (
   SELECT queue,
          count(*)::int AS pending,
@@ -16,6 +16,14 @@ WITH pending AS (
 ),
 running AS (
   SELECT queue, count(*)::int AS running FROM jobs WHERE status = 'started' GROUP BY queue
+),
+-- Keys with work, through jobs_key_pending and jobs_key_started (migration 026).
+keyed AS (
+  SELECT queue, count(DISTINCT key)::int AS keys
+  FROM (SELECT queue, key FROM jobs WHERE status = 'pending' AND key IS NOT NULL
+        UNION ALL
+        SELECT queue, key FROM jobs WHERE status = 'started' AND key IS NOT NULL) AS working
+  GROUP BY queue
 ),
 -- Finished in the last hour, by status prefix: whole minutes from the rollup
 -- (job_minutes, migration 024) up to the last one it wrote, and only the rows
@@ -65,12 +73,14 @@ queues AS (
 )
 SELECT q.queue, coalesce(p.pending, 0), coalesce(p.due, 0), coalesce(r.running, 0),
        extract(EPOCH FROM now() - p.oldest_due)::float8, coalesce(d.done, '{}'::jsonb),
-       coalesce(p.retrying, 0), s.paused_until, s.pause_reason, s.throttled_until, s.scaled_to, s.scaled_by
+       coalesce(p.retrying, 0), s.paused_until, s.pause_reason, s.throttled_until, s.scaled_to, s.scaled_by,
+       coalesce(k.keys, 0)
 FROM queues q
 LEFT JOIN pending p ON p.queue = q.queue
 LEFT JOIN running r ON r.queue = q.queue
 LEFT JOIN done d ON d.queue = q.queue
 LEFT JOIN state s ON s.queue = q.queue
+LEFT JOIN keyed k ON k.queue = q.queue
 
 -- name: queue_unrun
 -- Queues with due pending rows that none of the given (registered) queues is: rows no worker will ever claim. Reads pending rows only (jobs_pending_due).

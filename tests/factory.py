@@ -47,6 +47,7 @@ class Job:
     dedupe: bool
     last_traceback: str | None
     attempt_errors: Any
+    key: str | None
 
 
 COLUMNS = tuple(f.name for f in fields(Job))

@@ -220,6 +220,9 @@ class QueueCollector(Collector):
                 labels=["queue"],
             ),
             "paused": GaugeMetricFamily("jobs_queue_paused", "1 while the queue is paused.", labels=["queue"]),
+            "keys": GaugeMetricFamily(
+                "jobs_queue_keys", "Keys (insert's key=) with pending or started rows.", labels=["queue"]
+            ),
         }
         for s in found:
             gauges["pending"].add_metric([s.queue], s.pending)
@@ -228,6 +231,7 @@ class QueueCollector(Collector):
             gauges["age"].add_metric([s.queue], s.oldest_due_age_s or 0.0)
             # queue_stats gives the pause in force only: one that ended reads None.
             gauges["paused"].add_metric([s.queue], int(s.paused_until is not None))
+            gauges["keys"].add_metric([s.queue], s.keys)
         yield from gauges.values()
 
 

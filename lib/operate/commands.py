@@ -71,7 +71,13 @@ def status(db: Any, args: argparse.Namespace, out: IO[str], *, queues: Iterable[
         return 0
     now = datetime.now(UTC)
     headers = ["queue", "pending", "due", "delayed", "running", "oldest due"]
-    headers += [f"{k} 1h" for k in ("ok", "fail", "skip", "err")] + ["retrying", "throttled until", "paused", "scaled"]
+    headers += [f"{k} 1h" for k in ("ok", "fail", "skip", "err")] + [
+        "retrying",
+        "keys",
+        "throttled until",
+        "paused",
+        "scaled",
+    ]
     rows = [
         [
             s.queue,
@@ -82,6 +88,7 @@ def status(db: Any, args: argparse.Namespace, out: IO[str], *, queues: Iterable[
             overview.age(s.oldest_due_age_s),
             *(s.done_1h[k] for k in ("ok", "fail", "skip", "err")),
             s.retrying,
+            s.keys,
             time_text(s.throttled_until),
             pause_text(s),
             f"to {s.scaled_to} by {s.scaled_by}" if s.scaled_to else "-",

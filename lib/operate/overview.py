@@ -35,6 +35,7 @@ class QueueStats:
     throttled_until: datetime | None  # job_queues.next_claim_at when in the future
     scaled_to: int | None = None  # the concurrency set at run time (`scale`); None: the definition's
     scaled_by: str | None = None
+    keys: int = 0  # keys (insert's key=) with pending or started rows
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,7 @@ def queue_stats(db: Any, queues: Iterable[str] = ()) -> list[QueueStats]:
             throttled_until=throttled_until,
             scaled_to=scaled_to,
             scaled_by=scaled_by,
+            keys=keys,
         )
         for (
             queue,
@@ -84,6 +86,7 @@ def queue_stats(db: Any, queues: Iterable[str] = ()) -> list[QueueStats]:
             throttled_until,
             scaled_to,
             scaled_by,
+            keys,
         ) in rows
     ]
     return sorted(found, key=lambda s: s.queue)
@@ -114,7 +117,7 @@ def workers(db: Any, *, now: datetime | None = None) -> list[WorkerInfo]:
 JOB_COLUMNS = (
     *("id", "queue", "name", "status", "args", "priority", "run_at", "attempts", "max_attempts"),
     *("last_error", "callsite", "worker_id", "slot", "lease_until", "dedupe"),
-    *("created_at", "started_at", "finished_at", "last_traceback", "attempt_errors"),
+    *("created_at", "started_at", "finished_at", "last_traceback", "attempt_errors", "key"),
 )
 
 

@@ -74,7 +74,7 @@ def test_status_on_an_empty_table_lists_every_registered_queue_with_zeros(db, cl
     rows = _lines(out)
     assert rows[0][:6] == ["queue", "pending", "due", "delayed", "running", "oldest due"]
     assert [r[0] for r in rows[1 : n + 1]] == registered
-    assert all(r[1:] == ["0", "0", "0", "0", "-", "0", "0", "0", "0", "0", "-", "-", "-"] for r in rows[1 : n + 1])
+    assert all(r[1:] == ["0", "0", "0", "0", "-", "0", "0", "0", "0", "0", "0", "-", "-", "-"] for r in rows[1 : n + 1])
     assert rows[n + 1] == ["live workers: 0"]
     code, out, _ = cli("status", "--json")
     got = json.loads(out)
@@ -83,7 +83,7 @@ def test_status_on_an_empty_table_lists_every_registered_queue_with_zeros(db, cl
     assert got["queues"][0] == {
         "queue": registered[0], "pending": 0, "due": 0, "delayed": 0, "running": 0, "oldest_due_age_s": None,
         "done_1h": {"ok": 0, "fail": 0, "skip": 0, "err": 0}, "retrying": 0,
-        "paused_until": None, "pause_reason": None, "throttled_until": None, "scaled_to": None, "scaled_by": None,
+        "paused_until": None, "pause_reason": None, "throttled_until": None, "scaled_to": None, "scaled_by": None, "keys": 0,
     }  # fmt: skip
 
 
