@@ -87,7 +87,7 @@ DECLARE
   -- Queues whose throttling outcomes wait for another try: their turn or gate row is held.
   held_queues text[] := '{}';
   -- The queues asked for that have a rate: claimed ask by ask, below.
-  rated text[] := '{}';
+  rated text[];
   r record;
 BEGIN
   IF cardinality(o_ids) > 0 THEN
@@ -162,26 +162,27 @@ BEGIN
   IF cardinality(c_queues) = 0 THEN
     RETURN;
   END IF;
+  -- Each queue's turn (jobs_queue_turn), never waited for: the queues whose
+  -- turn another transaction holds now; and, in the same statement, the
+  -- queues with a rate (job_queues' key).
+  SELECT array_agg(t.q) FILTER (WHERE NOT t.mine), coalesce(array_agg(t.q) FILTER (WHERE t.rated), '{}')
+  INTO busy, rated
+  FROM (SELECT d.q, jobs_queue_turn(d.q) AS mine,
+               EXISTS (SELECT FROM job_queues jq WHERE jq.queue = d.q AND jq.rate_key IS NOT NULL) AS rated
+        FROM (SELECT DISTINCT u.q FROM unnest(c_queues) u(q)) d) t;
   -- A queue with a rate claims ask by ask, each through jobs_step_one, so
   -- each claim takes from its rate's row before the next claim reads it (two
-  -- queues of this batch may share one). Found through job_queues' key.
-  FOR r IN
-    SELECT c.q, c.s, c.w, c.l, c.m, c.i
-    FROM unnest(c_queues, c_slots, c_workers, c_leases, c_max_attempts, c_ids) AS c(q, s, w, l, m, i)
-    WHERE EXISTS (SELECT FROM job_queues jq WHERE jq.queue = c.q AND jq.rate_key IS NOT NULL)
-  LOOP
-    rated := rated || r.q;
-    RETURN QUERY SELECT * FROM jobs_step_one(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-                                             r.q, r.s, r.w, r.l, r.m, r.i);
-  END LOOP;
-  IF cardinality(rated) = cardinality(c_queues) THEN
-    RETURN;
+  -- queues of this batch may share one).
+  IF cardinality(rated) > 0 THEN
+    FOR r IN
+      SELECT c.q, c.s, c.w, c.l, c.m, c.i
+      FROM unnest(c_queues, c_slots, c_workers, c_leases, c_max_attempts, c_ids) AS c(q, s, w, l, m, i)
+      WHERE c.q = ANY(rated)
+    LOOP
+      RETURN QUERY SELECT * FROM jobs_step_one(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+                                               r.q, r.s, r.w, r.l, r.m, r.i);
+    END LOOP;
   END IF;
-  -- Each queue's turn (jobs_queue_turn), never waited for: the queues whose
-  -- turn another transaction holds now.
-  SELECT array_agg(t.q) FILTER (WHERE NOT t.mine) INTO busy
-  FROM (SELECT d.q, jobs_queue_turn(d.q) AS mine
-        FROM (SELECT DISTINCT u.q FROM unnest(c_queues) u(q) WHERE NOT (u.q = ANY(rated))) d) t;
   -- A statement after the locks: its snapshot holds what committed before them.
   RETURN QUERY
   WITH ask AS (
