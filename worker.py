@@ -425,6 +425,7 @@ def run(
             db,
             admin_token=settings.admin_token,
             queues=[p.queue for p in pollers],
+            concurrency={p.queue: p.concurrency for p in pollers},
             registered=registered,
             schedule=schedule,
             listener=listener,

@@ -208,6 +208,7 @@ def worker_app(
     *,
     admin_token: str | None,
     queues: Iterable[str],
+    concurrency: Mapping[str, int] | None = None,
     registered: Mapping[str, str | None] | None = None,
     schedule: Sequence[Any] = (),
     listener: Any,
@@ -219,7 +220,8 @@ def worker_app(
     """The app over a running worker's own objects: its pool, listener,
     supervisor, group commit and queues (shown even while they have no rows);
     the admin page also gets every registered queue with why it is off (None:
-    on) and the clock's schedule."""
+    on), the concurrency of each queue it runs (the most a scale may set) and
+    the clock's schedule."""
     queues = sorted(set(queues))
     registry = metrics.registry(
         db,
@@ -243,6 +245,7 @@ def worker_app(
             queue_stats=overview.queue_stats,
             workers=overview.workers,
             queues=queues,
+            concurrency=concurrency or {},
             registered=registered or {},
             schedule=schedule,
         )

@@ -857,3 +857,35 @@ def test_hostile_queue_names_reasons_entries_and_hosts_are_escaped(db):
         assert "&lt;img src=x onerror=alert(1)&gt;" in page
     # JSON, which the page writes as text (textContent), never as HTML.
     assert json.loads(live)["numbers"][f"queue:{XSS}:pending"] == "0"
+
+
+def test_the_queue_page_scales_a_queue_within_its_definition(db):
+    """The queue page's form sets the concurrency for every worker, from 1 to
+    the definition's; a queue this worker does not run, a value out of range
+    and a POST without the session's CSRF token change nothing."""
+    with whole_site(db, concurrency={"mail": 4}) as base:
+        session = log_in(base)
+        page = session.get(f"{base}/admin/queue", params={"queue": "mail"}).text
+        assert (
+            'id="scale-form"' in page
+            and "4 at a time in every worker, its definition's; at most 4." in html.unescape(page)
+        )
+        csrf = csrf_of(session, base)
+        refused = session.post(f"{base}/admin/scale", data={"queue": "mail", "concurrency": "2"})
+        assert refused.status_code == 403
+        for form, said in (
+            ({"queue": "mail", "concurrency": "5"}, "runs from 1 to 4 jobs at once"),
+            ({"queue": "mail", "concurrency": "0"}, "runs from 1 to 4 jobs at once"),
+            ({"queue": "mail", "concurrency": "x"}, "runs from 1 to 4 jobs at once"),
+            ({"queue": "sms", "concurrency": "1"}, "does not run 'sms'"),
+        ):
+            page = session.post(f"{base}/admin/scale", data={**form, "csrf": csrf}).text
+            assert said in html.unescape(page), form
+        assert not db.query("SELECT * FROM job_queues WHERE scaled_to IS NOT NULL")
+        page = session.post(f"{base}/admin/scale", data={"queue": "mail", "concurrency": "2", "csrf": csrf}).text
+        assert "mail runs 2 at a time" in page
+        to, by = db.query_row("SELECT scaled_to, scaled_by FROM job_queues WHERE queue = 'mail'")
+        assert to == 2 and re.fullmatch(r"admin session [0-9a-f]{8}", by)
+        assert "2 at a time in every worker, set by admin session" in html.unescape(page)
+        session.post(f"{base}/admin/scale", data={"queue": "mail", "concurrency": "default", "csrf": csrf})
+        assert db.query_row("SELECT scaled_to FROM job_queues WHERE queue = 'mail'") == (None,)

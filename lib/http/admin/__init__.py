@@ -33,7 +33,7 @@ import gevent
 
 from lib.http.admin import bulk, jobs, views
 from lib.http.admin import job as one_job
-from lib.http.admin.actions import pause_queue, resume_queue, retry_failures
+from lib.http.admin.actions import pause_queue, resume_queue, retry_failures, scale_queue
 from lib.http.admin.render import (
     FLASH,
     PREFIX,
@@ -72,6 +72,7 @@ class Admin(Sessions):
         queue_stats: Stats,
         workers: Stats,
         queues: Iterable[str] = (),
+        concurrency: Mapping[str, int] | None = None,
         registered: Mapping[str, str | None] | None = None,
         schedule: Sequence[Any] = (),
         refresh: float = REFRESH,
@@ -85,6 +86,9 @@ class Admin(Sessions):
             db, queue_stats, workers, queues=queues, registered=registered or {}, schedule=schedule
         )
         self.queues = sorted(self.site.registered)
+        # The definitions' concurrency of the queues this worker runs: the
+        # most the page may scale each to.
+        self.concurrency = dict(concurrency or {})
         self.refresh = refresh
         self.env = environment()
 
@@ -194,7 +198,10 @@ class Admin(Sessions):
         values = views.queue_page(self.site, queue, now)
         if values is None:
             return self._missing(request, session, f"No queue {queue!r} is registered, run or has rows.")
-        return self._page("queue.html", request, session, live="queue", queue=queue, **values)
+        most = self.concurrency.get(queue)
+        stats = values["row"].stats
+        scale = None if most is None else {"most": most, "now": stats.scaled_to or most, "by": stats.scaled_by}
+        return self._page("queue.html", request, session, live="queue", queue=queue, scale=scale, **values)
 
     def _live(self, request: Request) -> Response:
         """A page's numbers as JSON, for its script to write in place."""
@@ -269,6 +276,8 @@ class Admin(Sessions):
         found = _JOB_PATH.match(path)
         if found and found.group(2) and int(found.group(1)) < 2**63:
             return self._act(int(found.group(1)), found.group(2), session)
+        if path == "/scale":
+            return scale_queue(self.db, request, _operator(session), self.concurrency)
         if path in ("/pause", "/resume"):
             queue = request.field("queue")
             if queue is None:

@@ -3,19 +3,35 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode
 
 from lib.http.admin.render import PREFIX, done, ids_text, present, when
 from lib.http.web import Request, Response
-from lib.operate.queue_state import pause, resume
+from lib.operate.queue_state import pause, resume, scale
 from lib.operate.redrive import redrive
 
 log = logging.getLogger("jobs.admin")
 
 MAX_PAUSE_MINUTES = 525600  # a year, as the CLI
+
+
+def scale_queue(db: Any, request: Request, operator: str, concurrency: Mapping[str, int]) -> Response:
+    """Set a queue's concurrency for every worker, up to its definition's (a
+    queue this worker runs: the definition is here), or back to it."""
+    queue, asked = request.field("queue") or "", (request.field("concurrency") or "").strip()
+    back = f"{PREFIX}/queue?{urlencode({'queue': queue})}"
+    most = concurrency.get(queue)
+    if most is None:
+        return done(back, f"nothing done: this worker does not run {queue!r}; scale it where it runs, or with the CLI")
+    to = None if asked in ("", "default") else int(asked) if asked.isdigit() else 0
+    if to is not None and not 1 <= to <= most:
+        return done(back, f"nothing done: {queue} runs from 1 to {most} jobs at once (its definition's concurrency)")
+    scale(db, queue, to, f"admin {operator}")
+    log.info("admin scaled queue=%s to %s by %s", queue, to or "its definition's", operator)
+    return done(back, f"{queue} runs {to or most} at a time in every worker's next claim")
 
 
 def retry_failures(db: Any, request: Request) -> Response:
