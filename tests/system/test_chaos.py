@@ -156,8 +156,17 @@ class Workers:
         return died
 
     def unexpected_exits(self) -> list[Proc]:
-        """Processes that ended although nobody signalled them."""
-        return [p for p in self.procs if p.popen.poll() is not None and p.killed_at is None and p.termed_at is None]
+        """Processes that ended although nobody signalled them. The one set to
+        die in a group commit, dead of its own SIGKILL, is not one: it may die
+        after this loop's died_in_batch looked, and the next look notes it."""
+        return [
+            p
+            for p in self.procs
+            if p.popen.poll() is not None
+            and p.killed_at is None
+            and p.termed_at is None
+            and not (p.dies and p.popen.returncode == -signal.SIGKILL)
+        ]
 
     def stop_all(self, timeout: float) -> None:
         """SIGTERM every live process and wait for each, SIGKILL past timeout."""
