@@ -42,11 +42,13 @@ WHERE (%(before)s::bigint IS NULL OR id < %(before)s::bigint)
     OR (%(state)s::text = 'ok' AND status NOT IN ('pending', 'started') AND (status = 'ok' OR starts_with(status, 'ok: ')))
     OR (%(state)s::text = 'fail' AND status NOT IN ('pending', 'started') AND starts_with(status, 'fail: '))
     OR (%(state)s::text = 'skip' AND status NOT IN ('pending', 'started') AND starts_with(status, 'skip: ')))
--- Newest first by the primary key, except under an args search: there the
--- planner, sure the key read backwards meets a match soon, would read every
--- row to find a rare customer's few; "id + 0" has no index order, so it
--- reads the matches through jobs_args and sorts those. Folded for the values.
-ORDER BY CASE WHEN %(args)s::jsonb IS NULL THEN id ELSE id + 0 END DESC
+-- Newest first by the primary key, except under an args search or a
+-- window of a day at most (by_created): there the planner, sure the key read
+-- backwards meets a match soon, would read every row newer than the window
+-- or every row to find a rare customer's few; "id + 0" has no index order,
+-- so it reads the matches through jobs_args or jobs_created (migration 027)
+-- and sorts those. Folded for the values.
+ORDER BY CASE WHEN %(args)s::jsonb IS NULL AND NOT %(by_created)s::boolean THEN id ELSE id + 0 END DESC
 LIMIT %(limit)s::int
 
 -- name: admin_job_count

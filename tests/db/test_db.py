@@ -186,6 +186,24 @@ def test_transaction_commits_or_rolls_back(db):
     assert db.query("SELECT key FROM cache_entries") == [("a",)]
 
 
+def test_a_connection_left_in_a_transaction_the_driver_does_not_know_of_is_not_handed_out(database_url, caplog):
+    """The server in a failed transaction while the driver takes it for
+    ended (a COMMIT cancelled by its statement_timeout leaves the same): the
+    check-in's rollback() sends nothing, so the connection is closed."""
+    pool = DB.connect(database_url, size=1)
+    try:
+        with pool.connection() as conn:
+            cur = conn.cursor()
+            cur.execute("BEGIN")
+            with pytest.raises(psycopg2.errors.DivisionByZero):
+                cur.execute("SELECT 1/0")
+        assert pool.query_row("SELECT 1") == (1,)
+        assert pool.query_row("SELECT pg_current_xact_id_if_assigned() IS NULL") == (True,)
+        assert any("inside a transaction the driver did not know of" in r.getMessage() for r in caplog.records)
+    finally:
+        pool.close()
+
+
 def test_queries_run_concurrently_under_gevent(database_url):
     pool = DB.connect(database_url, size=4)
     sleepers = [gevent.spawn(pool.exec, "SELECT pg_sleep(0.5)") for _ in range(4)]

@@ -24,6 +24,7 @@ import json
 import logging
 import re
 import secrets
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -46,6 +47,7 @@ from lib.http.admin.render import (
 from lib.http.admin.session import COOKIE, SESSION_SECONDS, Sessions
 from lib.http.web import BadRequest, Environ, Request, Response, StartResponse, redirect, text
 from lib.operate import overview
+from lib.store.db import is_lock_timeout
 from lib.store.sql import Q
 
 log = logging.getLogger("jobs.admin")
@@ -59,6 +61,10 @@ LOGIN_PENALTY = 1.0
 
 # /jobs/<id>, and /jobs/<id>/<action> for a POST.
 _JOB_PATH = re.compile(r"^/jobs/(\d{1,19})(?:/(cancel|run-now|retry))?$")
+# Where an action that found its row locked sends the operator back to.
+_BACK = {"/retry": "/failures", "/jobs/bulk": "/jobs"}
+# How long an action's write waits for a row another transaction holds.
+ACTION_LOCK_TIMEOUT_MS = 2000
 
 Stats = Callable[..., Sequence[Any]]
 
@@ -228,12 +234,13 @@ class Admin(Sessions):
         if target is not None:
             return redirect(f"{PREFIX}/jobs/{target}")
         values: dict[str, Any] = {"filters": filters, "states": jobs.STATES, "outcomes": jobs.OUTCOMES}
-        values |= {"queues": self.queues, "cap": jobs.COUNT_CAP, "count_timeout": f"{jobs.COUNT_TIMEOUT_MS / 1000:g}s"}
+        values |= {"queues": self.queues, "cap": jobs.COUNT_CAP}
         values |= {"rows": [], "next": None, "counts": {}}
         try:
             params = jobs.params(filters)
         except jobs.BadFilter as exc:
             return self._page("jobs.html", request, session, status=400, error=str(exc), **values)
+        began = time.monotonic()
         try:
             values["rows"], values["next"] = jobs.page(self.db, params)
         except Exception as exc:
@@ -241,7 +248,8 @@ class Admin(Sessions):
                 raise
             error = f"the list took over {jobs.LIST_TIMEOUT_MS / 1000:g}s; narrow it by state, queue or time"
             return self._page("jobs.html", request, session, error=error, **values)
-        values["counts"] = jobs.counts(self.db, params)
+        left = jobs.PAGE_BUDGET_MS - (time.monotonic() - began) * 1000
+        values["counts"] = jobs.counts(self.db, params, left)
         return self._page("jobs.html", request, session, error=None, **values)
 
     def _job(self, job_id: int, request: Request, session: str | None) -> Response:
@@ -267,46 +275,69 @@ class Admin(Sessions):
     # -- actions
 
     def _post(self, path: str, request: Request, session: str | None) -> Response:
+        """An action, its writes waiting at most ACTION_LOCK_TIMEOUT_MS for a
+        row another transaction holds (_locked_out)."""
+        try:
+            return self._do(path, request, session, self.db.lock_bounded(ACTION_LOCK_TIMEOUT_MS))
+        except Exception as exc:
+            if not is_lock_timeout(exc):
+                raise
+            return _locked_out(path, session)
+
+    def _do(self, path: str, request: Request, session: str | None, db: Any) -> Response:
         if path == "/logout":
             return redirect(f"{PREFIX}/login", [("Set-Cookie", cookie(COOKIE, "", max_age=0))])
         if path == "/retry":
-            return retry_failures(self.db, request)
+            return retry_failures(db, request)
         if path == "/jobs/bulk":
-            return self._bulk(request, session)
+            return _bulk(request, session, db)
         found = _JOB_PATH.match(path)
         if found and found.group(2) and int(found.group(1)) < 2**63:
-            return self._act(int(found.group(1)), found.group(2), session)
+            return _act(int(found.group(1)), found.group(2), session, db)
         if path == "/scale":
-            return scale_queue(self.db, request, _operator(session), self.concurrency)
+            return scale_queue(db, request, _operator(session), self.concurrency)
         if path in ("/pause", "/resume"):
             queue = request.field("queue")
             if queue is None:
                 return text(400, "bad request: which queue?")
             if path == "/resume":
-                return resume_queue(self.db, queue, request, _operator(session))
+                return resume_queue(db, queue, request, _operator(session))
             pausable = {r.queue for r in self.site.queue_rows(datetime.now(UTC)) if r.pausable}
-            return pause_queue(self.db, queue, request, _operator(session), pausable=pausable)
+            return pause_queue(db, queue, request, _operator(session), pausable=pausable)
         return text(404, "not found")
 
-    def _bulk(self, request: Request, session: str | None) -> Response:
-        """A bulk action the preview asked for, on the filters it carried."""
-        action = request.field("action") or ""
-        filters = jobs.Filters(**{name: request.field(name) for name in jobs.Filters.__dataclass_fields__})
-        back = f"{PREFIX}/jobs{bulk.filters_of(filters).query()}"
-        if action not in bulk.ACTIONS:
-            return done(back, "nothing done: a bulk action is retry or cancel")
-        try:
-            message = bulk.act(self.db, action, filters, _operator(session))
-        except jobs.BadFilter as exc:
-            return done(back, f"nothing done: {exc}")
-        return done(back, message)
 
-    def _act(self, job_id: int, action: str, session: str | None) -> Response:
-        """One job's action, as one statement; logged with the operator's session."""
-        operator = _operator(session)
-        message = one_job.act(self.db, job_id, action, operator)
-        log.info("admin %s job=%s by %s: %s", action, job_id, operator, message)
-        return done(f"{PREFIX}/jobs/{job_id}", message)
+def _bulk(request: Request, session: str | None, db: Any) -> Response:
+    """A bulk action the preview asked for, on the filters it carried."""
+    action = request.field("action") or ""
+    filters = jobs.Filters(**{name: request.field(name) for name in jobs.Filters.__dataclass_fields__})
+    back = f"{PREFIX}/jobs{bulk.filters_of(filters).query()}"
+    if action not in bulk.ACTIONS:
+        return done(back, "nothing done: a bulk action is retry or cancel")
+    try:
+        message = bulk.act(db, action, filters, _operator(session))
+    except jobs.BadFilter as exc:
+        return done(back, f"nothing done: {exc}")
+    return done(back, message)
+
+
+def _act(job_id: int, action: str, session: str | None, db: Any) -> Response:
+    """One job's action, as one statement; logged with the operator's session."""
+    operator = _operator(session)
+    message = one_job.act(db, job_id, action, operator)
+    log.info("admin %s job=%s by %s: %s", action, job_id, operator, message)
+    return done(f"{PREFIX}/jobs/{job_id}", message)
+
+
+def _locked_out(path: str, session: str | None) -> Response:
+    """An action that met a row another transaction held (a BEGIN left open
+    in psql, say): nothing done, and the operator may try again; no request
+    waits behind such a transaction."""
+    log.warning("admin %s by %s: a row it writes is locked; nothing done", path, _operator(session))
+    found = _JOB_PATH.match(path)
+    back = f"{PREFIX}/jobs/{found.group(1)}" if found else f"{PREFIX}{_BACK.get(path, '/')}"
+    held = f"held by another transaction for over {ACTION_LOCK_TIMEOUT_MS / 1000:g}s"
+    return done(back, f"nothing done: a row it changes was {held}; try again")
 
 
 def _operator(session: str | None) -> str:

@@ -4,15 +4,19 @@ with a count per state.
 
 Pages go by id (`before=<id>`: the rows below the last one shown), never by
 OFFSET, so the hundredth page costs what the first does. Each count stops at
-COUNT_CAP rows ("10,000+") and each runs under a short statement timeout, so
-a page never reads millions of rows to count them; a count cut short shows
-"?" and the list is still shown.
+COUNT_CAP rows ("10,000+"). A page's list and counts share PAGE_BUDGET_MS
+of statement time: the list first, then the counts, cheapest first; a count
+that would overrun what is left shows the planner's estimate instead
+("≈ 10,700"), which costs only the planning. So a page never reads millions
+of rows to count them, however narrow or rare its filter, and the list is
+always shown.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import time
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -28,9 +32,24 @@ STATES = ("pending", "scheduled", "retrying", "running", "failed", "done")
 OUTCOMES = ("ok", "fail", "skip", "err")
 PAGE_SIZE = 50
 COUNT_CAP = 10_000
-# Per count, and for the list: past these the server stops the statement.
+# A page's list and counts together: the list first, whatever it takes; a
+# count starts only with at least MIN_COUNT_MS of the budget left. The bulk
+# preview's one count has COUNT_TIMEOUT_MS.
+PAGE_BUDGET_MS = 40
+MIN_COUNT_MS = 2
 COUNT_TIMEOUT_MS = 500
 LIST_TIMEOUT_MS = 5000
+# A time window this narrow is read through jobs_created, a wider one newest first.
+NARROW_WINDOW = timedelta(days=1)
+# The live states and the failures first: partial indexes of their own keep
+# them cheap under any filter, and the planner's estimate of a few pending
+# rows among millions is poor (it takes their filters as independent). The
+# finished kinds last: under a narrow filter they read many rows, and their
+# large numbers are what the planner estimates well. err counts the failed
+# rows: err: is how a job fails.
+COUNT_ORDER = ("running", "pending", "scheduled", "failed", "retrying", "all", "done", "ok", "fail", "skip")
+# The planner's estimate of a count, read from EXPLAIN's JSON.
+ESTIMATE = "EXPLAIN (FORMAT JSON) "
 # A search or a filter longer than this is no name anyone typed.
 MAX_TEXT = 1000
 MAX_ID = 2**63
@@ -94,14 +113,16 @@ def params(filters: Filters, now: datetime | None = None) -> dict[str, Any]:
         else:
             prefix = q
     now = now or datetime.now(UTC)
+    since, until = _moment(filters.since, "created after", now), _moment(filters.until, "created before", now)
     return {
         "state": filters.state,
         "queue": filters.queue,
         "name": filters.name,
         "prefix": prefix,
         "args": args,
-        "since": _moment(filters.since, "created after", now),
-        "until": _moment(filters.until, "created before", now),
+        "since": since,
+        "until": until,
+        "by_created": since is not None and until is not None and until - since <= NARROW_WINDOW,
         "before": before,
     }
 
@@ -186,24 +207,65 @@ def page(db: Any, values: dict[str, Any]) -> tuple[list[Row], str | None]:
     return rows, (str(rows[-1].id) if more else None)
 
 
-def counts(db: Any, values: dict[str, Any]) -> dict[str, int | None]:
-    """The rows of each state (and "all") under the other filters, each up to
-    COUNT_CAP + 1 (more than the cap); None for a count the timeout cut short."""
+@dataclass(frozen=True)
+class Counts:
+    """Each state's rows under the other filters: counted up to COUNT_CAP + 1
+    (more than the cap), or estimated (the states in `about`); None: neither."""
+
+    n: dict[str, int | None]
+    about: frozenset[str] = frozenset()
+
+    def __getitem__(self, state: str) -> int | None:
+        return self.n[state]
+
+    def __bool__(self) -> bool:
+        return bool(self.n)
+
+
+def counts(db: Any, values: dict[str, Any], budget_ms: float) -> Counts:
+    """Every state's count within budget_ms of statement time, the rest estimated."""
     found: dict[str, int | None] = {}
-    for state in ("all", *STATES, *OUTCOMES):
-        if state == "err":
-            found[state] = found["failed"]  # the same rows: err: is how a job fails
-            continue
-        found[state] = count_one(db, {**values, "state": None if state == "all" else state}, COUNT_CAP)
-    return found
+    about: set[str] = set()
+    left = budget_ms
+    for state in COUNT_ORDER:
+        asked = {**values, "state": None if state == "all" else state}
+        counted = None
+        if left >= MIN_COUNT_MS:
+            began = time.monotonic()
+            counted = count_one(db, asked, COUNT_CAP, timeout_ms=int(left))
+            left -= (time.monotonic() - began) * 1000
+        if counted is None:
+            counted = estimate(db, asked)
+            about.add(state)
+        found[state] = counted
+    found["err"] = found["failed"]
+    if "failed" in about:
+        about.add("err")
+    return Counts(found, frozenset(about))
 
 
-def count_one(db: Any, values: dict[str, Any], cap: int) -> int | None:
-    """The rows of values' state under its other filters, up to cap + 1 (more
-    than the cap); None when the timeout cut the count short."""
+def estimate(db: Any, values: dict[str, Any]) -> int | None:
+    """The planner's estimate of the rows of values' state under its other
+    filters: the rows the plan expects below its count; None if it cannot say."""
     try:
         with db.transaction() as tx:
             tx.exec(f"SET LOCAL statement_timeout = {COUNT_TIMEOUT_MS}")
+            (doc,) = tx.query_row(ESTIMATE + Q.admin_job_count, {**values, "cap": None})
+    except Exception as exc:
+        if not timed_out(exc):
+            raise
+        return None
+    plan = (json.loads(doc) if isinstance(doc, str) else doc)[0]["Plan"]
+    below = plan.get("Plans") or [plan]
+    return round(below[0]["Plan Rows"])
+
+
+def count_one(db: Any, values: dict[str, Any], cap: int, timeout_ms: int | None = None) -> int | None:
+    """The rows of values' state under its other filters, up to cap + 1 (more
+    than the cap); None when the timeout (COUNT_TIMEOUT_MS unless given) cut the count short."""
+    try:
+        with db.transaction() as tx:
+            tx.exec(f"SET LOCAL statement_timeout = {max(1, timeout_ms or COUNT_TIMEOUT_MS)}")
             # One row past the cap tells "exactly the cap" from "more".
             return tx.query_row(Q.admin_job_count, {**values, "cap": cap + 1})[0]
     except Exception as exc:

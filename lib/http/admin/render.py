@@ -114,10 +114,13 @@ def clock(value: datetime | None) -> str:
     return value.strftime("%H:%M:%SZ")
 
 
-def count(value: int | None, cap: int | None = None) -> str:
-    """A count as the page shows it: 12,345; "10,000+" past a cap; "?" when not counted."""
+def count(value: int | None, cap: int | None = None, about: bool = False) -> str:
+    """A count as the page shows it: 12,345; "10,000+" past a cap; "≈ 12,300"
+    for an estimate (to three figures: no more are known); "?" when not known."""
     if value is None:
         return "?"
+    if about:
+        return f"≈ {round(value, 3 - len(str(value))) if value >= 1000 else value:,}"
     if cap is not None and value > cap:
         return f"{cap:,}+"
     return f"{value:,}"
