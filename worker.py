@@ -517,8 +517,8 @@ def _queues_to_run(
         # Additive: a process that lists fewer names (an older release) cannot switch others off.
         if queue.dedupe and not dedupe.declare(db, queue.name, queue.dedupe):
             declaring.add_names(queue.name, queue.dedupe)
-        if not declare_rate(db, queue.name, queue.rate):
-            declaring.add(f"queue={queue.name} rate", lambda q=queue: declare_rate(db, q.name, q.rate))
+        if not declare_rate(db, queue.name, queue.rate, queue.budgets):
+            declaring.add(f"queue={queue.name} rate", lambda q=queue: declare_rate(db, q.name, q.rate, q.budgets))
         if resume(db, queue.name, prefix=AUTH_PREFIX):
             log.info("queue=%s auth pause ended at start", queue.name)
         queues.append(queue)

@@ -39,10 +39,21 @@ WHERE job_queues.paused_until IS NULL OR job_queues.paused_until <= now()
 RETURNING queue
 
 -- name: rate_declare
--- A queue's rate, as its definition says at a worker's start (migration 025): the key's spacing and burst, kept moment (tat) and all, and the queue's key. A row another transaction holds waits for the transaction's lock_timeout.
-INSERT INTO job_rates (key, spacing, burst) VALUES (%(key)s, %(spacing)s, %(burst)s)
-ON CONFLICT (key) DO UPDATE SET spacing = excluded.spacing, burst = excluded.burst
-WHERE (job_rates.spacing, job_rates.burst) IS DISTINCT FROM (excluded.spacing, excluded.burst)
+-- A queue's rate or one of its budgets, as its definition says at a worker's start (migrations 025, 028): the row's spacing, burst, what a claim reserves (cost) and its group, kept moment (tat) and all. A row another transaction holds waits for the transaction's lock_timeout.
+INSERT INTO job_rates (key, spacing, burst, cost, grp) VALUES (%(key)s, %(spacing)s, %(burst)s, %(cost)s, %(grp)s)
+ON CONFLICT (key) DO UPDATE SET spacing = excluded.spacing, burst = excluded.burst, cost = excluded.cost, grp = excluded.grp
+WHERE (job_rates.spacing, job_rates.burst, job_rates.cost, job_rates.grp)
+  IS DISTINCT FROM (excluded.spacing, excluded.burst, excluded.cost, excluded.grp)
+
+-- name: rate_drop_others
+-- The group's limits the definition no longer has: gone, so they stop holding its claims.
+DELETE FROM job_rates WHERE coalesce(grp, key) = %(grp)s AND NOT (key = ANY(%(keys)s::text[]))
+
+-- name: budget_spend
+-- What a job spent of one budget: its claim's reservation settled (the difference; negative gives back what it did not use), or, once settled, more spent (taken as a claim takes). No row waits longer than the transaction's lock_timeout.
+UPDATE job_rates
+SET tat = CASE WHEN %(settled)s::boolean THEN greatest(tat, now()) ELSE tat END + make_interval(secs => spacing * %(units)s::float8)
+WHERE key = %(key)s
 
 -- name: rate_name
 -- Name a queue's rate key (NULL: no rate), after rate_declare has written the key's row.
@@ -66,3 +77,9 @@ WITH scaled AS (
 SELECT pg_notify('jobs', queue), pg_notify('jobs_state', json_build_object(
          'queue', queue, 'event', 'scaled', 'to', scaled_to, 'by', left(scaled_by, 200))::text)
 FROM scaled
+
+-- name: budget_left
+-- What the API says is left of one budget's limit now: the budget holds at least the rest as spent (its moment at least that far ahead), across every process.
+UPDATE job_rates
+SET tat = greatest(tat, now() + make_interval(secs => spacing * (burst - %(left)s::float8)))
+WHERE key = %(key)s AND tat < now() + make_interval(secs => spacing * (burst - %(left)s::float8))

@@ -44,9 +44,9 @@ def make_poller(
         queue = Queue(queue, dispatch, **options)
     else:
         assert dispatch is None and not options, "a definition comes whole"
-    # As the worker does at start: the claim reads the rate from the database.
-    if queue.rate is not None:
-        assert declare_rate(db, queue.name, queue.rate)
+    # As the worker does at start: the claim reads the rate and budgets from the database.
+    if queue.rate is not None or queue.budgets:
+        assert declare_rate(db, queue.name, queue.rate, queue.budgets)
     return Poller(queue, db, runtime or Runtime.alone(db))
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -16,6 +17,10 @@ if TYPE_CHECKING:
 
 # The limits Anthropic reports as anthropic-ratelimit-<kind>-{remaining,reset}.
 LIMIT_KINDS = ("requests", "tokens", "input-tokens", "output-tokens")
+
+# The caller's `left` for the request this thread sends (a greenlet, once
+# the worker has patched threading): a client serves every slot of its queue.
+_asked = threading.local()
 
 
 # What each answer means, by status and error type (docs.anthropic.com,
@@ -73,7 +78,10 @@ class AnthropicClient(APIClient):
         max_tokens: int,
         messages: list[dict[str, Any]],
         system: str | None = None,
+        left: dict[str, int] | None = None,
     ) -> dict[str, Any]:
+        """The answer. left, when given, gets what the API's answer (or its
+        error) says is left of each of the key's limits, by LIMIT_KINDS."""
         payload: dict[str, Any] = {
             "model": model,
             "max_tokens": max_tokens,
@@ -81,7 +89,11 @@ class AnthropicClient(APIClient):
         }
         if system is not None:
             payload["system"] = system
-        return self._request("POST", "/v1/messages", json=payload)
+        _asked.left = left
+        try:
+            return self._request("POST", "/v1/messages", json=payload)
+        finally:
+            _asked.left = None
 
     def _headers(self) -> dict[str, str]:
         return {
@@ -98,6 +110,9 @@ class AnthropicClient(APIClient):
         return _error_type(body)
 
     def _classify(self, response: requests.Response, body: Any, method: str, path: str) -> APIError | None:
+        left = getattr(_asked, "left", None)
+        if left is not None:
+            left.update(limits_left(response.headers))
         status = response.status_code
         if status == 529 or (_error_type(body) == "overloaded_error" and not 200 <= status < 300):
             # Whatever the status an overloaded_error comes with.
@@ -118,6 +133,16 @@ class AnthropicClient(APIClient):
             if headers.get(f"anthropic-ratelimit-{kind}-remaining", "").strip() == "0"
         ]
         return max((r for r in resets if r is not None), default=None)
+
+
+def limits_left(headers: Mapping[str, str]) -> dict[str, int]:
+    """What the API says is left of each of the key's limits, by LIMIT_KINDS."""
+    found = {}
+    for kind in LIMIT_KINDS:
+        value = headers.get(f"anthropic-ratelimit-{kind}-remaining", "").strip()
+        if value.isdigit():
+            found[kind] = int(value)
+    return found
 
 
 def _error_type(body: Any) -> str | None:

@@ -3,6 +3,6 @@ Snooze it raises, and its arguments read into a dataclass. Queues import
 this and nothing of the engine; it imports nothing of the engine either."""
 
 from lib.job.job import Handler, PendingJob, Snooze, Throttle, real_seconds
-from lib.job.rate import Rate
+from lib.job.rate import Budget, Rate
 
-__all__ = ["Handler", "PendingJob", "Rate", "Snooze", "Throttle", "real_seconds"]
+__all__ = ["Budget", "Handler", "PendingJob", "Rate", "Snooze", "Throttle", "real_seconds"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from lib.job import status as st
@@ -26,6 +26,29 @@ class PendingJob:
     # Why the stored args could not be read (too large, undecodable); the
     # handler is then not called.
     args_error: str | None = None
+    # The queue's budgets, which spent() reports to (lib/run/budget.py);
+    # None: the queue has none.
+    budgets: Any = field(default=None, repr=False, compare=False)
+    # What spent() has reported so far, by unit.
+    reported: dict[str, float] = field(default_factory=dict, repr=False, compare=False)
+
+    def spent(self, **units: float) -> None:
+        """What this job spent of its queue's budgets (tokens_in=1200,
+        tokens_out=350), reported as soon as it is known: the first report of
+        a unit settles what the claim reserved (giving back what was not
+        used), a later one adds to it. Nothing on a queue without budgets;
+        ValueError for a unit the queue has no budget of."""
+        if self.budgets is not None:
+            self.budgets.spend(self, units)
+
+    def limits_left(self, **units: int | None) -> None:
+        """What the API says is left of each budget's limit now (its
+        remaining headers, tokens_in=12000): the budget takes it as spent at
+        least the rest, so every process claims within what the API will
+        take, whoever else spends the key. None: not said. Nothing on a
+        queue without budgets."""
+        if self.budgets is not None:
+            self.budgets.follow(self, {unit: n for unit, n in units.items() if n is not None})
 
 
 Handler = Callable[[PendingJob], str]

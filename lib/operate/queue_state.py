@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from datetime import datetime
 from typing import Any
 
-from lib.job.rate import Rate
+from lib.job.rate import Budget, Rate, budget_key, limits_key
 from lib.store.db import is_lock_timeout
 from lib.store.sql import Q
 
@@ -70,22 +70,34 @@ def logger(queues: Collection[str]) -> Callable[[str], None]:
     return said
 
 
-def declare_rate(db: Any, queue: str, rate: Rate | None) -> bool:
-    """One try at writing the queue's rate (None: it has none); False when a
-    row it writes was held by another transaction past the lock timeout."""
+def declare_rate(db: Any, queue: str, rate: Rate | None, budgets: Sequence[Budget] = ()) -> bool:
+    """One try at writing the queue's rate and budgets (None and none: it has
+    neither) under their key; False when a row it writes was held by another
+    transaction past the lock timeout."""
     try:
         with db.transaction() as tx:
             tx.exec(f"SET LOCAL lock_timeout = {RATE_LOCK_TIMEOUT_MS}")
-            if rate is None:
+            if rate is None and not budgets:
                 tx.exec(Q.rate_clear, {"queues": [queue]})
                 return True
-            key = rate.key_of(queue)
-            tx.exec(Q.rate_declare, {"key": key, "spacing": rate.spacing, "burst": rate.burst})
-            tx.exec(Q.rate_name, {"queue": queue, "key": key})
+            group = limits_key(queue, rate, budgets)
+            keys = []
+            if rate is not None:
+                keys.append(group)
+                tx.exec(
+                    Q.rate_declare,
+                    {"key": group, "spacing": rate.spacing, "burst": rate.burst, "cost": 1, "grp": group},
+                )
+            for budget in budgets:
+                keys.append(budget_key(group, budget.unit))
+                row = {"key": keys[-1], "spacing": budget.spacing, "burst": budget.limit, "cost": budget.most}
+                tx.exec(Q.rate_declare, row | {"grp": group})
+            tx.exec(Q.rate_drop_others, {"grp": group, "keys": keys})
+            tx.exec(Q.rate_name, {"queue": queue, "key": group})
     except Exception as exc:
         if is_lock_timeout(exc):
             return False
         raise
-    if rate is not None:
-        log.info("queue=%s rate %s (key %s)", queue, rate, rate.key_of(queue))
+    said = [f"rate {rate}" for _ in [rate] if rate is not None] + [f"budget {b}" for b in budgets]
+    log.info("queue=%s %s (key %s)", queue, "; ".join(said), group)
     return True

@@ -49,7 +49,7 @@ def defined(registry: Sequence[Callable[[DB], Any]], db: DB) -> list[Any]:
         except Exception as exc:
             raise SettingError(f"{_label(make)} cannot build its queue: {_fault(exc)}") from None
     try:
-        check_shared((q.name, q.rate) for q in made if q.rate is not None)
+        check_shared((q.name, q.rate, q.budgets) for q in made if q.rate is not None or q.budgets)
     except ValueError as exc:
         raise SettingError(str(exc)) from None
     return made

@@ -242,10 +242,11 @@ def _rate_limit_run(db: DB, job: PendingJob) -> tuple[int, float, float]:
     return (int(found.group(1)), float(found.group(2)), wait) if found else (1, wait, wait)
 
 
-def throttle_for(per_minute: float) -> Callable[[str, BaseException | None, float], float]:
-    """A throttle that spaces jobs to per_minute and, after a rate-limited
+def throttle_for(per_minute: float | None) -> Callable[[str, BaseException | None, float], float]:
+    """A throttle that spaces jobs to per_minute (None: not at all, for a
+    queue whose Rate spaces them across processes) and, after a rate-limited
     status, waits until the limit resets. Pure: no clock."""
-    min_job_time = 60.0 / per_minute
+    min_job_time = 0.0 if per_minute is None else 60.0 / per_minute
 
     def throttle(status_: str, error: BaseException | None, elapsed: float) -> float:
         reset = status.rate_limit_wait(status_)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import gevent
@@ -17,6 +18,7 @@ from lib.greenlets.deadline import Deadline
 from lib.job import Handler, PendingJob, Snooze
 from lib.job import status as st
 from lib.job.text import safe_text
+from lib.run.budget import Budgets
 from lib.run.outcome import (
     ArgsUnreadable,
     BadArgs,
@@ -46,9 +48,17 @@ _NOT_THE_JOBS = (GreenletExit, KeyboardInterrupt, SystemExit)
 
 class Executor:
     def __init__(
-        self, queue: str, db: DB, dispatch: Mapping[str, Handler], leases: Leases, *, job_timeout: float
+        self,
+        queue: str,
+        db: DB,
+        dispatch: Mapping[str, Handler],
+        leases: Leases,
+        *,
+        job_timeout: float,
+        budgets: Budgets | None = None,
     ) -> None:
         self.queue = queue
+        self.budgets = budgets
         self.db = db
         self.dispatch = dict(dispatch)
         self.leases = leases
@@ -86,6 +96,8 @@ class Executor:
             return False
 
     def _call(self, handler: Handler, job: PendingJob, slot: int) -> Happened:
+        if self.budgets is not None:
+            job = replace(job, budgets=self.budgets)
         self._running[slot] = (job, gevent.getcurrent())
         deadline = self._deadlines.get(slot)
         if deadline is None:

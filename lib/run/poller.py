@@ -16,7 +16,9 @@ from gevent.event import Event
 from lib.greenlets.backoff import Backoff
 from lib.job import PendingJob, Throttle, real_seconds
 from lib.job import status as st
+from lib.job.rate import limits_key
 from lib.job.text import describe
+from lib.run.budget import Budgets
 from lib.run.claim import Claimer, ClaimResult
 from lib.run.execute import Executor
 from lib.run.outcome import Abandon, Decision, GiveBack, Interrupted, Outcome, decide, recorded
@@ -72,7 +74,10 @@ class Poller:
         self._wakeups = [Event() for _ in range(concurrency)]
         # The stages, in the order a job goes through them.
         self.claimer = Claimer(name, db, self.completer, self.leases, max_attempts=queue.max_attempts)
-        self.executor = Executor(name, db, queue.dispatch, self.leases, job_timeout=queue.job_timeout)
+        budgets = (
+            Budgets(name, db, limits_key(name, queue.rate, queue.budgets), queue.budgets) if queue.budgets else None
+        )
+        self.executor = Executor(name, db, queue.dispatch, self.leases, job_timeout=queue.job_timeout, budgets=budgets)
         self.releaser = Releaser(name, db, self.leases)
         self.writer = Writer(
             name,

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from lib.greenlets.backoff import BASE_SECONDS as RETRY_BASE_SECONDS
 from lib.insert import check_name
 from lib.job import Handler, Throttle
-from lib.job.rate import Rate
+from lib.job.rate import Budget, Rate, limits_key
 
 
 @dataclass(frozen=True, eq=False)
@@ -35,11 +35,15 @@ class Queue:
     # Jobs started per period across every process (lib/run/rate.py); the
     # throttle and the concurrency apply as well.
     rate: Rate | None = None
+    # Units its jobs spend (an API's tokens), each within a budget across
+    # every process (lib/job/rate.py's Budget); the rate applies as well.
+    budgets: tuple[Budget, ...] = ()
 
     def __post_init__(self) -> None:
         # Copies: a caller's dict or set changed later changes no definition.
         object.__setattr__(self, "dispatch", dict(self.dispatch))
         object.__setattr__(self, "dedupe", frozenset(self.dedupe))
+        object.__setattr__(self, "budgets", tuple(self.budgets))
         _check(self)
 
     @property
@@ -65,7 +69,10 @@ def _check(q: Queue) -> None:
         raise ValueError(f"queue {q.name}: throttle must be callable")
     if q.rate is not None and not isinstance(q.rate, Rate):
         raise ValueError(f"queue {q.name}: rate must be a Rate, as Rate(100, per=60, burst=20)")
-    if q.rate is not None and q.rate.key is not None:
-        check_name(f"queue {q.name}: rate key", q.rate.key)
+    if not all(isinstance(b, Budget) for b in q.budgets):
+        raise ValueError(f"queue {q.name}: budgets are Budgets, as Budget('tokens_in', 30_000, per=60, most=4_000)")
+    key = limits_key(q.name, q.rate, q.budgets)
+    if q.rate is not None or q.budgets:
+        check_name(f"queue {q.name}: rate key", key)
     if not q.dedupe <= q.dispatch.keys():
         raise ValueError(f"queue {q.name}: dedupe names jobs it does not handle: {set(q.dedupe) - set(q.dispatch)}")

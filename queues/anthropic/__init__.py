@@ -8,7 +8,8 @@ from typing import Any
 
 from lib.clients import AnthropicClient
 from lib.clients.anthropic import READ_TIMEOUT
-from lib.job import PendingJob, status
+from lib.clients.errors import APIError
+from lib.job import Budget, PendingJob, Rate, status
 from lib.job.args import unmarshal_args
 from lib.run.api_queue import make_api_worker, throttle_for
 from lib.run.queue import Queue
@@ -17,9 +18,22 @@ from lib.store.sql import Q
 
 # A queue's own default (lib/run/queue.py), which a job_timeout option replaces.
 DEFAULT_JOB_TIMEOUT = 600.0
-# 50 requests a minute is the lowest usage tier's limit; a 429 still backs off
-# to the reset the API names.
-throttle = throttle_for(50)
+# The lowest usage tier's limits for a Sonnet model, across every process
+# that runs the queue: 50 requests, 30,000 input tokens and 8,000 output
+# tokens a minute (a higher tier passes its own rate and budgets to
+# make_worker). A claim reserves a prompt's worth of input tokens
+# (MOST_TOKENS_IN, about 16,000 characters of English) and a default
+# answer's max_tokens of output; each job reports what it spent from the
+# answer's usage. A job past either can overdraw its budget by the
+# difference, and the log says so; a 429 still holds the queue until the
+# reset the API names.
+MOST_TOKENS_IN = 4_000
+RATE = Rate(50, per=60, burst=5)
+BUDGETS = (
+    Budget("tokens_in", 30_000, per=60, most=MOST_TOKENS_IN),
+    Budget("tokens_out", 8_000, per=60, most=1_024),
+)
+throttle = throttle_for(None)
 
 
 @dataclass
@@ -33,12 +47,26 @@ class AskArgs:
 
 def ask(db: DB, client: AnthropicClient, job: PendingJob) -> str:
     args = unmarshal_args(AskArgs, job.args)
-    answer = client.create_message(
-        model=args.model,
-        max_tokens=args.max_tokens,
-        messages=[{"role": "user", "content": args.prompt}],
-        system=args.system,
+    left: dict[str, int] = {}
+    try:
+        answer = client.create_message(
+            model=args.model,
+            max_tokens=args.max_tokens,
+            messages=[{"role": "user", "content": args.prompt}],
+            system=args.system,
+            left=left,
+        )
+    except APIError:
+        # A 429 says what is left (nothing, until the reset): every process's budget follows.
+        job.limits_left(tokens_in=left.get("input-tokens"), tokens_out=left.get("output-tokens"))
+        raise
+    usage = answer.get("usage") or {}
+    # Input tokens written to the prompt cache count against the input limit; those read from it do not.
+    job.spent(
+        tokens_in=_count(usage, "input_tokens") + _count(usage, "cache_creation_input_tokens"),
+        tokens_out=_count(usage, "output_tokens"),
     )
+    job.limits_left(tokens_in=left.get("input-tokens"), tokens_out=left.get("output-tokens"))
     text = "".join(block.get("text", "") for block in answer.get("content", []) if block.get("type") == "text")
     if not text:
         return status.fail(f"no text in the answer (stop_reason {answer.get('stop_reason')})")
@@ -53,6 +81,12 @@ def ask(db: DB, client: AnthropicClient, job: PendingJob) -> str:
         },
     )
     return status.ok(args.key)
+
+
+def _count(usage: Any, field: str) -> int:
+    """A count of the answer's usage, 0 when it is missing or not a count."""
+    value = usage.get(field) if isinstance(usage, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 def make_worker(db: DB, client: AnthropicClient | None = None, **options: Any) -> Queue:
@@ -79,6 +113,7 @@ def make_worker(db: DB, client: AnthropicClient | None = None, **options: Any) -
     Timeouts: 5 s to connect; a read waits as long as a long generation
     takes, up to the SDK's 600 s, and never past the job's timeout.
     """
+    options = {"rate": RATE, "budgets": BUDGETS, **options}
     job_timeout = float(options.get("job_timeout", DEFAULT_JOB_TIMEOUT))
     client_options = {"timeout": (5.0, min(READ_TIMEOUT, job_timeout))}
     return make_api_worker(

@@ -127,6 +127,34 @@ def test_429_without_retry_after_uses_exhausted_limit_resets(anthropic: Anthropi
     assert info.value.reset_at == datetime(2030, 1, 2, 3, 6, 30, tzinfo=UTC)
 
 
+def test_what_each_answer_says_is_left_of_the_keys_limits_is_given_back(
+    anthropic: AnthropicClient, fake_api: Any
+) -> None:
+    left: dict[str, int] = {}
+    fake_api.reply(
+        200,
+        REPLY,
+        {
+            "anthropic-ratelimit-input-tokens-remaining": "29000",
+            "anthropic-ratelimit-output-tokens-remaining": "7990",
+            "anthropic-ratelimit-requests-remaining": "not a count",
+        },
+    )
+    anthropic.create_message(model="m", max_tokens=1, messages=MESSAGES, left=left)
+    assert left == {"input-tokens": 29000, "output-tokens": 7990}
+    left.clear()
+    fake_api.reply(
+        429, error_body("rate_limit_error", "rate limited"), {"anthropic-ratelimit-input-tokens-remaining": "0"}
+    )
+    with pytest.raises(RateLimitError):
+        anthropic.create_message(model="m", max_tokens=1, messages=MESSAGES, left=left)
+    assert left == {"input-tokens": 0}
+    # Without a dict to fill, nothing is kept between requests.
+    fake_api.reply(200, REPLY, {"anthropic-ratelimit-input-tokens-remaining": "5"})
+    anthropic.create_message(model="m", max_tokens=1, messages=MESSAGES)
+    assert left == {"input-tokens": 0}
+
+
 def test_529_is_overloaded_server_error(anthropic: AnthropicClient, fake_api: Any, now: datetime) -> None:
     fake_api.reply(529, error_body("overloaded_error", "Overloaded"), {"retry-after": "8"})
     with pytest.raises(OverloadedError) as info:

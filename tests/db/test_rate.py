@@ -145,5 +145,5 @@ def test_the_registry_check_refuses_one_key_with_two_rates(db):
         lambda db: Queue("one", {"one.N": ok}, rate=Rate(10, per=1, key="api")),
         lambda db: Queue("two", {"two.N": ok}, rate=Rate(20, per=1, key="api")),
     ]
-    with pytest.raises(SettingError, match="share the rate key 'api' with different rates"):
+    with pytest.raises(SettingError, match="share the key 'api' with different rates or budgets"):
         setup_check.defined(registry, db)
