@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -17,10 +16,6 @@ if TYPE_CHECKING:
 
 # The limits Anthropic reports as anthropic-ratelimit-<kind>-{remaining,reset}.
 LIMIT_KINDS = ("requests", "tokens", "input-tokens", "output-tokens")
-
-# The caller's `left` for the request this thread sends (a greenlet, once
-# the worker has patched threading): a client serves every slot of its queue.
-_asked = threading.local()
 
 
 # What each answer means, by status and error type (docs.anthropic.com,
@@ -67,6 +62,11 @@ class AnthropicClient(APIClient):
     API_VERSION: ClassVar[str] = "2023-06-01"
     OUTCOMES = OUTCOMES
     TIMEOUT = (5.0, READ_TIMEOUT)
+    # The queue's budgets (queues/anthropic) follow what each answer says is left.
+    LIMITS_LEFT: ClassVar[Mapping[str, str]] = {
+        "tokens_in": "anthropic-ratelimit-input-tokens-remaining",
+        "tokens_out": "anthropic-ratelimit-output-tokens-remaining",
+    }
     # An error answer creates no message: the official SDK sends a request
     # that got a 5xx again, twice by default.
     ERROR_ANSWER_MEANS_UNDONE = True
@@ -78,10 +78,7 @@ class AnthropicClient(APIClient):
         max_tokens: int,
         messages: list[dict[str, Any]],
         system: str | None = None,
-        left: dict[str, int] | None = None,
     ) -> dict[str, Any]:
-        """The answer. left, when given, gets what the API's answer (or its
-        error) says is left of each of the key's limits, by LIMIT_KINDS."""
         payload: dict[str, Any] = {
             "model": model,
             "max_tokens": max_tokens,
@@ -89,11 +86,7 @@ class AnthropicClient(APIClient):
         }
         if system is not None:
             payload["system"] = system
-        _asked.left = left
-        try:
-            return self._request("POST", "/v1/messages", json=payload)
-        finally:
-            _asked.left = None
+        return self._request("POST", "/v1/messages", json=payload)
 
     def _headers(self) -> dict[str, str]:
         return {
@@ -110,9 +103,6 @@ class AnthropicClient(APIClient):
         return _error_type(body)
 
     def _classify(self, response: requests.Response, body: Any, method: str, path: str) -> APIError | None:
-        left = getattr(_asked, "left", None)
-        if left is not None:
-            left.update(limits_left(response.headers))
         status = response.status_code
         if status == 529 or (_error_type(body) == "overloaded_error" and not 200 <= status < 300):
             # Whatever the status an overloaded_error comes with.
@@ -133,16 +123,6 @@ class AnthropicClient(APIClient):
             if headers.get(f"anthropic-ratelimit-{kind}-remaining", "").strip() == "0"
         ]
         return max((r for r in resets if r is not None), default=None)
-
-
-def limits_left(headers: Mapping[str, str]) -> dict[str, int]:
-    """What the API says is left of each of the key's limits, by LIMIT_KINDS."""
-    found = {}
-    for kind in LIMIT_KINDS:
-        value = headers.get(f"anthropic-ratelimit-{kind}-remaining", "").strip()
-        if value.isdigit():
-            found[kind] = int(value)
-    return found
 
 
 def _error_type(body: Any) -> str | None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from lib.clients.base import APIClient
 from lib.clients.outcomes import SERVER_ERRORS, Outcome, OutcomeTable
@@ -54,6 +54,8 @@ class ApolloClient(APIClient):
     TOKEN_ENV = "APOLLO_API_KEY"
     BASE_URL = "https://api.apollo.io/api/v1"
     BASE_URL_ENV = "APOLLO_BASE_URL"
+    # The queue's budgets (queues/apollo) follow what each answer says is left.
+    LIMITS_LEFT: ClassVar[Mapping[str, str]] = {"requests_minute": "x-minute-requests-left"}
 
     def enrich_organization(self, domain: str) -> dict[str, Any]:
         """Organization Enrichment; ``domain`` without www. or @ (e.g. apollo.io).

@@ -26,6 +26,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import unquote, urljoin, urlsplit
 
+from lib.clients import limits
 from lib.clients.errors import (
     APIError,
     AuthError,
@@ -167,11 +168,7 @@ class APIClient:
     # attack) that must not take the worker's memory. Counted decompressed.
     MAX_RESPONSE_BYTES: ClassVar[int] = 10 * MiB
     # Generic HTTP: what an answer means when the API's own table says no more.
-    OUTCOMES: ClassVar[OutcomeTable] = {
-        401: Outcome.BAD_TOKEN,
-        404: Outcome.BAD_INPUT,
-        429: Outcome.RATE_LIMIT,
-    }
+    OUTCOMES: ClassVar[OutcomeTable] = {401: Outcome.BAD_TOKEN, 404: Outcome.BAD_INPUT, 429: Outcome.RATE_LIMIT}
     # Whether the API documents that a request it answered with an error was
     # not carried out: then even a POST that got a 5xx may be sent again.
     ERROR_ANSWER_MEANS_UNDONE: ClassVar[bool] = False
@@ -180,6 +177,7 @@ class APIClient:
     REPEATABLE_METHODS: ClassVar[frozenset[str]] = IDEMPOTENT_METHODS
     # (connect, read) seconds; each client states its own.
     TIMEOUT: ClassVar[tuple[float, float]] = (5.0, 30.0)
+    LIMITS_LEFT: ClassVar[Mapping[str, str]] = {}  # unit -> its header of what is left (limits.py)
 
     def __init__(
         self,
@@ -374,6 +372,7 @@ class APIClient:
         else:
             raise APIError(response.status_code, method, path, f"more than {MAX_REDIRECTS} redirects")
         log.debug("%s %s -> %s", method, path, response.status_code)
+        limits.note(response.headers, self.LIMITS_LEFT)
         try:
             body = response.json() if response.content else None
         except ValueError:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import quote
@@ -73,6 +74,8 @@ class GitHubClient(APIClient):
     BASE_URL = "https://api.github.com"
     BASE_URL_ENV = "GITHUB_BASE_URL"
     API_VERSION: ClassVar[str] = "2022-11-28"
+    # The queue's budget (queues/github) follows what each answer says is left.
+    LIMITS_LEFT: ClassVar[Mapping[str, str]] = {"requests": "x-ratelimit-remaining"}
     # GitHub redirects renamed and transferred repositories, within
     # api.github.com; a redirect to any other host is refused.
     FOLLOW_REDIRECTS = True

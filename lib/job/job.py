@@ -45,8 +45,10 @@ class PendingJob:
         """What the API says is left of each budget's limit now (its
         remaining headers, tokens_in=12000): the budget takes it as spent at
         least the rest, so every process claims within what the API will
-        take, whoever else spends the key. None: not said. Nothing on a
-        queue without budgets."""
+        take, whoever else spends the key. None, or a unit the queue has
+        no budget of: nothing (an API reports limits a queue need not
+        budget). The API queues (lib/run/api_queue.py) report it from every
+        answer their client reads it from (APIClient.LIMITS_LEFT)."""
         if self.budgets is not None:
             self.budgets.follow(self, {unit: n for unit, n in units.items() if n is not None})
 

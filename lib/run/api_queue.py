@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from lib.clients import limits
 from lib.clients.base import (
     MAX_WAIT,
     APIClient,
@@ -106,15 +107,21 @@ class _Policy:
 
 def _guard(policy: _Policy, handler: ApiHandler) -> Handler:
     def run(job: PendingJob) -> str:
+        left: dict[str, int] = {}
         try:
-            result = handler(policy.db, policy.client, job)
+            with limits.telling(left):
+                result = handler(policy.db, policy.client, job)
         except InvalidArgument as exc:
             # The job's args cannot make a safe request (a '..' for a GitHub
             # owner, say): nothing was sent, and a retry sends nothing either.
             # The input is at fault, not the worker: a fail, not reported.
             return status.fail(str(exc))
         except Exception as exc:
+            # What the API said is left (a 429: nothing until the reset)
+            # holds the queue's budgets in every process.
+            job.limits_left(**left)
             return _answer(policy, job, exc)
+        job.limits_left(**left)
         policy.outage.recovered()
         return result
 

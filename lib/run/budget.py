@@ -55,7 +55,8 @@ class Budgets:
 
     def follow(self, job: PendingJob, left: Mapping[str, float]) -> None:
         for unit, amount in left.items():
-            self._budget(unit)
+            if unit not in self.by_unit:
+                continue  # a limit the API reports that the queue does not budget
             self._write(job, Q.budget_left, {"key": budget_key(self.group, unit), "left": _units(unit, amount)})
 
     def _budget(self, unit: str) -> Budget:

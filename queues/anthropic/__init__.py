@@ -8,7 +8,6 @@ from typing import Any
 
 from lib.clients import AnthropicClient
 from lib.clients.anthropic import READ_TIMEOUT
-from lib.clients.errors import APIError
 from lib.job import Budget, PendingJob, Rate, status
 from lib.job.args import unmarshal_args
 from lib.run.api_queue import make_api_worker, throttle_for
@@ -47,26 +46,18 @@ class AskArgs:
 
 def ask(db: DB, client: AnthropicClient, job: PendingJob) -> str:
     args = unmarshal_args(AskArgs, job.args)
-    left: dict[str, int] = {}
-    try:
-        answer = client.create_message(
-            model=args.model,
-            max_tokens=args.max_tokens,
-            messages=[{"role": "user", "content": args.prompt}],
-            system=args.system,
-            left=left,
-        )
-    except APIError:
-        # A 429 says what is left (nothing, until the reset): every process's budget follows.
-        job.limits_left(tokens_in=left.get("input-tokens"), tokens_out=left.get("output-tokens"))
-        raise
+    answer = client.create_message(
+        model=args.model,
+        max_tokens=args.max_tokens,
+        messages=[{"role": "user", "content": args.prompt}],
+        system=args.system,
+    )
     usage = answer.get("usage") or {}
     # Input tokens written to the prompt cache count against the input limit; those read from it do not.
     job.spent(
         tokens_in=_count(usage, "input_tokens") + _count(usage, "cache_creation_input_tokens"),
         tokens_out=_count(usage, "output_tokens"),
     )
-    job.limits_left(tokens_in=left.get("input-tokens"), tokens_out=left.get("output-tokens"))
     text = "".join(block.get("text", "") for block in answer.get("content", []) if block.get("type") == "text")
     if not text:
         return status.fail(f"no text in the answer (stop_reason {answer.get('stop_reason')})")

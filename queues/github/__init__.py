@@ -8,7 +8,7 @@ from typing import Any
 
 from lib.clients import GitHubClient
 from lib.clients.errors import NotFoundError
-from lib.job import PendingJob, status
+from lib.job import Budget, PendingJob, status
 from lib.job.args import unmarshal_args
 from lib.run.api_queue import make_api_worker, throttle_for
 from lib.run.queue import Queue
@@ -16,8 +16,12 @@ from lib.store.db import DB
 from lib.store.sql import Q
 
 # GitHub allows 5,000 requests an hour to an authenticated user: one job, one
-# request, so 83 a minute stays inside it.
+# request. The budget holds the hour across every process and follows what
+# each answer says is left (x-ratelimit-remaining), so other programs'
+# requests with the same token count too; the throttle, 83 a minute in each
+# process, keeps one process from spending the hour in a burst.
 throttle = throttle_for(5000 / 60)
+BUDGETS = (Budget("requests", 5_000, per=3600, most=1),)
 
 
 @dataclass
@@ -74,4 +78,4 @@ def make_worker(db: DB, client: GitHubClient | None = None, **options: Any) -> Q
     Timeouts: 5 s to connect, 30 s to read.
     """
     handlers = {"github.FetchRepo": fetch_repo, "github.FetchUser": fetch_user}
-    return make_api_worker("github", db, client, GitHubClient, handlers, throttle, **options)
+    return make_api_worker("github", db, client, GitHubClient, handlers, throttle, **{"budgets": BUDGETS, **options})

@@ -13,6 +13,7 @@ from lib.clients import (
     OverloadedError,
     RateLimitError,
     ServerError,
+    limits,
 )
 
 MESSAGES = [{"role": "user", "content": "Hello"}]
@@ -130,29 +131,30 @@ def test_429_without_retry_after_uses_exhausted_limit_resets(anthropic: Anthropi
 def test_what_each_answer_says_is_left_of_the_keys_limits_is_given_back(
     anthropic: AnthropicClient, fake_api: Any
 ) -> None:
-    left: dict[str, int] = {}
     fake_api.reply(
         200,
         REPLY,
         {
             "anthropic-ratelimit-input-tokens-remaining": "29000",
             "anthropic-ratelimit-output-tokens-remaining": "7990",
-            "anthropic-ratelimit-requests-remaining": "not a count",
+            "anthropic-ratelimit-requests-remaining": "49",
         },
     )
-    anthropic.create_message(model="m", max_tokens=1, messages=MESSAGES, left=left)
-    assert left == {"input-tokens": 29000, "output-tokens": 7990}
-    left.clear()
+    with limits.telling({}) as left:
+        anthropic.create_message(model="m", max_tokens=1, messages=MESSAGES)
+    assert left == {"tokens_in": 29000, "tokens_out": 7990}
     fake_api.reply(
-        429, error_body("rate_limit_error", "rate limited"), {"anthropic-ratelimit-input-tokens-remaining": "0"}
+        429,
+        error_body("rate_limit_error", "rate limited"),
+        {"anthropic-ratelimit-input-tokens-remaining": "0", "anthropic-ratelimit-output-tokens-remaining": "x"},
     )
-    with pytest.raises(RateLimitError):
-        anthropic.create_message(model="m", max_tokens=1, messages=MESSAGES, left=left)
-    assert left == {"input-tokens": 0}
-    # Without a dict to fill, nothing is kept between requests.
+    with limits.telling({}) as left, pytest.raises(RateLimitError):
+        anthropic.create_message(model="m", max_tokens=1, messages=MESSAGES)
+    assert left == {"tokens_in": 0}
+    # Outside a telling block, nothing is kept.
     fake_api.reply(200, REPLY, {"anthropic-ratelimit-input-tokens-remaining": "5"})
     anthropic.create_message(model="m", max_tokens=1, messages=MESSAGES)
-    assert left == {"input-tokens": 0}
+    assert left == {"tokens_in": 0}
 
 
 def test_529_is_overloaded_server_error(anthropic: AnthropicClient, fake_api: Any, now: datetime) -> None:

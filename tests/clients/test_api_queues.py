@@ -54,11 +54,28 @@ def _apollo(db, fake_api, runtime=None, **options):
 
 def test_github_repo_is_fetched_and_stored(db, fake_api):
     client = GitHubClient(TOKEN, base_url=fake_api.url, now=lambda: NOW)
-    fake_api.reply(200, {"full_name": "octo/hello", "stargazers_count": 7}, {"x-ratelimit-remaining": "4999"})
+    fake_api.reply(200, {"full_name": "octo/hello", "stargazers_count": 7}, {"x-ratelimit-remaining": "4000"})
     insert(db, "github", "github.FetchRepo", {"owner": "octo", "repo": "hello"})
     assert make_poller(github.make_worker(db, client), db).work_once() == "ok: octo/hello"
     assert fake_api.last.path == "/repos/octo/hello"
     assert db.query("SELECT full_name, data->>'stargazers_count' FROM github_repos") == [("octo/hello", "7")]
+    # The token's hour holds what GitHub says is gone (1,000 of 5,000, 0.72 s
+    # of refill each), in every process: other programs spent it too.
+    assert 718.5 < _ahead(db, "github/requests") <= 720  # less the throttle's pause after the job
+
+
+def _ahead(db, budget: str) -> float:
+    """How far the budget's moment is ahead of now, in seconds."""
+    return db.query_row("SELECT extract(EPOCH FROM tat - now())::float8 FROM job_rates WHERE key = %s", (budget,))[0]
+
+
+def test_apollo_follows_what_each_answer_says_is_left_of_the_minute(db, fake_api):
+    organization = {"organization": {"id": "o1", "name": "Org", "primary_domain": "d.io"}}
+    fake_api.reply(200, organization, {"x-minute-requests-left": "10", "x-hourly-requests-left": "190"})
+    insert(db, "apollo", "apollo.EnrichOrganization", {"domain": "d.io"})
+    assert _apollo(db, fake_api).work_once().startswith("ok")
+    # 990 of 1,000 gone (0.06 s of refill each); the hour is no budget of the queue's.
+    assert 58.5 < _ahead(db, "apollo/requests_minute") <= 59.4  # less the throttle's pause
 
 
 def test_missing_repo_is_a_fail_not_a_fault(db, fake_api, sentry_events):
@@ -196,8 +213,7 @@ def test_anthropic_answer_is_stored(db, fake_api):
     # The budgets hold what the answer says: 12 input tokens spent of the
     # 4,000 reserved (0.002 s of refill a token), and 1,000 output tokens
     # gone of 8,000 by the API's count (0.0075 s a token), not the 3 this job spent.
-    ahead = dict(db.query("SELECT key, extract(EPOCH FROM tat - now())::float8 FROM job_rates"))
-    assert ahead["anthropic/tokens_in"] < 1 and 7.4 < ahead["anthropic/tokens_out"] <= 7.5
+    assert _ahead(db, "anthropic/tokens_in") < 1 and 7.4 < _ahead(db, "anthropic/tokens_out") <= 7.5
 
 
 def test_anthropic_overloaded_sends_the_job_back(db, fake_api, sentry_events):
