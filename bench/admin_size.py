@@ -1028,6 +1028,7 @@ def measure(scratch: Scratch, args: argparse.Namespace) -> dict[str, Any]:
             results = [{"label": p.label, "path": p.path, **summarise(rounds[p.label])} for p in all_pages]
             print("text plans of the slow statements ...", flush=True)
             plans = text_plans(explainer, results)
+            busy = measure_busy(conn, site, explainer, all_pages, args.rounds)
         # What the plans depend on; jit is the server's, which the pool turns off for its own connections.
         names = ("shared_buffers", "work_mem", "effective_cache_size", "random_page_cost", "jit")
         settings = {name: one(conn, f"SHOW {name}")[0] for name in names}
@@ -1044,7 +1045,29 @@ def measure(scratch: Scratch, args: argparse.Namespace) -> dict[str, Any]:
         "pages": results,
         "aborted_connections": aborted,
         "plans": plans,
+        "busy": busy,
     }
+
+
+# The pages that count every pending row, measured again as on a busy table.
+BUSY_PAGES = ("queues page, hour", "one queue", "live: queues page", "jobs: no filter", "bulk cancel preview: name")
+BUSY_SQL = "UPDATE jobs SET priority = priority WHERE status = 'pending'"
+
+
+def measure_busy(
+    conn: psycopg2.extensions.connection, site: Site, explainer: Explainer, all_pages: list[Page], rounds: int
+) -> list[dict[str, Any]]:
+    """The pages that count pending rows, after every pending row changed
+    since the VACUUM (as on a busy table, where claims and inserts keep the
+    pending rows' pages from being all-visible between vacuums, and their
+    old versions are not yet reaped): their index-only scans read the heap."""
+    print("busy: every pending row changed since the vacuum ...", flush=True)
+    run(conn, BUSY_SQL)
+    found = []
+    for page in (p for p in all_pages if p.label in BUSY_PAGES):
+        measured = [measure_once(site, explainer, page) for _ in range(rounds)]
+        found.append({"label": page.label, "path": page.path, **summarise(measured)})
+    return found
 
 
 def text_plans(explainer: Explainer, results: list[dict[str, Any]]) -> dict[str, str]:
@@ -1134,6 +1157,9 @@ def print_table(result: dict[str, Any]) -> None:
     for page in result["pages"]:
         for failure in page["failures"]:
             print(f"  {page['label']}: {failure}")
+    print(f"\nthe same on a busy table ({BUSY_SQL}, no vacuum since; {result['rounds']} rounds, no warm-up):")
+    for page in result.get("busy", []):
+        print(f"{page['label'][:35]:<36}{page['db_ms']:>9.1f} ms  {'pass' if page['pass'] else 'FAIL'}")
     for event in result["aborted_connections"]:
         print(
             f"  round {event['round']}, {event['label']}: the pool took back a connection inside an aborted"
