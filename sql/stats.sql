@@ -4,26 +4,22 @@
 -- finished rows kept for retention.
 
 -- name: queue_stats
--- Per queue: pending rows (due, retrying, oldest due run_at), started rows, rows finished in the last hour by status prefix (rolled-up minutes, then the rows since), the pause and throttle in force, the concurrency set at run time and by whom, the keys with work; for every queue with live or recent rows or job_queues state, and the names given.
-WITH pending AS (
-  SELECT queue,
-         count(*)::int AS pending,
-         count(*) FILTER (WHERE run_at <= now())::int AS due,
-         count(*) FILTER (WHERE attempts > 0)::int AS retrying,
-         min(run_at) FILTER (WHERE run_at <= now()) AS oldest_due
-  FROM jobs WHERE status = 'pending'
-  GROUP BY queue
+-- Per queue: pending rows (due, retrying, oldest due run_at), started rows, rows finished in the last hour by status prefix (rolled-up minutes, then the rows since), the pause and throttle in force, the concurrency set at run time and by whom, the keys with work; for every queue with live or recent rows or job_queues state, and the names given. With rows given, each queue's pending rows are read up to an even share of that many (at least 100), earliest run_at first, and the last column is that share for a queue with more (its counts then stop there); NULL reads them all.
+WITH RECURSIVE
+-- The queues with pending rows, one probe of jobs_pending_due each: a read
+-- of every pending row would cost what a backlog weighs.
+pending_queues AS (
+  (SELECT queue FROM jobs WHERE status = 'pending' ORDER BY queue LIMIT 1)
+  UNION ALL
+  SELECT (SELECT j.queue FROM jobs j WHERE j.status = 'pending' AND j.queue > p.queue ORDER BY j.queue LIMIT 1)
+  FROM pending_queues p WHERE p.queue IS NOT NULL
+),
+share AS (
+  SELECT CASE WHEN %(rows)s::int IS NOT NULL THEN greatest(%(rows)s::int / greatest(count(*), 1), 100)::int END AS n
+  FROM pending_queues WHERE queue IS NOT NULL
 ),
 running AS (
   SELECT queue, count(*)::int AS running FROM jobs WHERE status = 'started' GROUP BY queue
-),
--- Keys with work, through jobs_key_pending and jobs_key_started (migration 026).
-keyed AS (
-  SELECT queue, count(DISTINCT key)::int AS keys
-  FROM (SELECT queue, key FROM jobs WHERE status = 'pending' AND key IS NOT NULL
-        UNION ALL
-        SELECT queue, key FROM jobs WHERE status = 'started' AND key IS NOT NULL) AS working
-  GROUP BY queue
 ),
 -- Finished in the last hour, by status prefix: whole minutes from the rollup
 -- (job_minutes, migration 024) up to the last one it wrote, and only the rows
@@ -65,7 +61,7 @@ state AS (
   FROM job_queues
 ),
 queues AS (
-  SELECT queue FROM pending
+  SELECT queue FROM pending_queues WHERE queue IS NOT NULL
   UNION SELECT queue FROM running
   UNION SELECT queue FROM done
   UNION SELECT queue FROM state
@@ -74,13 +70,30 @@ queues AS (
 SELECT q.queue, coalesce(p.pending, 0), coalesce(p.due, 0), coalesce(r.running, 0),
        extract(EPOCH FROM now() - p.oldest_due)::float8, coalesce(d.done, '{}'::jsonb),
        coalesce(p.retrying, 0), s.paused_until, s.pause_reason, s.throttled_until, s.scaled_to, s.scaled_by,
-       coalesce(k.keys, 0)
+       k.keys, CASE WHEN p.pending > share.n THEN share.n END
 FROM queues q
-LEFT JOIN pending p ON p.queue = q.queue
+CROSS JOIN share
+-- Earliest run_at first, so the due rows come before the scheduled ones: a
+-- queue stopped at its share still has every due row counted when one
+-- scheduled row was read.
+CROSS JOIN LATERAL (
+  SELECT count(*)::int AS pending,
+         count(*) FILTER (WHERE run_at <= now())::int AS due,
+         count(*) FILTER (WHERE attempts > 0)::int AS retrying,
+         min(run_at) FILTER (WHERE run_at <= now()) AS oldest_due
+  FROM (SELECT run_at, attempts FROM jobs WHERE status = 'pending' AND queue = q.queue
+        ORDER BY run_at LIMIT share.n + 1) AS head
+) AS p
+-- Keys with work, through jobs_key_pending and jobs_key_started (migration 026).
+CROSS JOIN LATERAL (
+  SELECT count(DISTINCT key)::int AS keys
+  FROM ((SELECT key FROM jobs WHERE status = 'pending' AND key IS NOT NULL AND queue = q.queue LIMIT share.n + 1)
+        UNION ALL
+        SELECT key FROM jobs WHERE status = 'started' AND key IS NOT NULL AND queue = q.queue) AS working
+) AS k
 LEFT JOIN running r ON r.queue = q.queue
 LEFT JOIN done d ON d.queue = q.queue
 LEFT JOIN state s ON s.queue = q.queue
-LEFT JOIN keyed k ON k.queue = q.queue
 
 -- name: queue_unrun
 -- Queues with due pending rows that none of the given (registered) queues is: rows no worker will ever claim. Reads pending rows only (jobs_pending_due).

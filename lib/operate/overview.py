@@ -36,6 +36,10 @@ class QueueStats:
     scaled_to: int | None = None  # the concurrency set at run time (`scale`); None: the definition's
     scaled_by: str | None = None
     keys: int = 0  # keys (insert's key=) with pending or started rows
+    # Set when the pending rows were counted only up to this many (a page's
+    # share of its row budget): pending, due, delayed, retrying and keys are
+    # then at least what they say, and due is exact while under it.
+    counted_to: int | None = None
 
 
 @dataclass(frozen=True)
@@ -50,12 +54,14 @@ class WorkerInfo:
     holding: int  # started rows whose worker_id is this id
 
 
-def queue_stats(db: Any, queues: Iterable[str] = ()) -> list[QueueStats]:
+def queue_stats(db: Any, queues: Iterable[str] = (), rows: int | None = None) -> list[QueueStats]:
     """Every queue with pending, started or recently finished rows or
     job_queues state, plus the names given (with zeros when they have none),
     sorted by name. A queue whose only rows finished over an hour ago is not
-    found unless named: finding it would read every finished row."""
-    rows = db.query(Q.queue_stats, {"queues": sorted(set(queues))})
+    found unless named: finding it would read every finished row. With rows,
+    the pending rows read stop near that many in all, shared evenly among the
+    queues that have some (see counted_to); without, every one is counted."""
+    found_rows = db.query(Q.queue_stats, {"queues": sorted(set(queues)), "rows": rows})
     found = [
         QueueStats(
             queue=queue,
@@ -72,6 +78,7 @@ def queue_stats(db: Any, queues: Iterable[str] = ()) -> list[QueueStats]:
             scaled_to=scaled_to,
             scaled_by=scaled_by,
             keys=keys,
+            counted_to=counted_to,
         )
         for (
             queue,
@@ -87,7 +94,8 @@ def queue_stats(db: Any, queues: Iterable[str] = ()) -> list[QueueStats]:
             scaled_to,
             scaled_by,
             keys,
-        ) in rows
+            counted_to,
+        ) in found_rows
     ]
     return sorted(found, key=lambda s: s.queue)
 

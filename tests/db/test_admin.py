@@ -19,6 +19,7 @@ from proxy import Proxy
 
 import lib.http.admin
 import lib.http.admin.bulk
+import lib.http.admin.queues
 from lib.background import worker_registry
 from lib.background.clock import Scheduled, daily, every, weekdays
 from lib.background.cron import cron
@@ -842,6 +843,56 @@ def test_bulk_retry_and_cancel_preview_then_act_in_one_statement(db, caplog, mon
         re.search(r"admin bulk retry by session [0-9a-f]{8}, filters \?queue=mail: retried 3", m) for m in logged
     )
     assert any("admin bulk cancel by session " in m and "cancelled 2 jobs" in m for m in logged)
+
+
+def test_a_bulk_preview_past_the_pages_budget_shows_the_estimate_and_the_action_counts_again(db, monkeypatch):
+    """A count cut by the page's budget (here 1 ms, against 20,000 rows read
+    through the heap for their name) gives way to the planner's estimate;
+    the action reads the ids itself, as ever."""
+    db.exec(
+        "INSERT INTO jobs (queue, name, args, run_at) SELECT 'mail', 'mail.Send', '{}', now() + interval '1 hour'"
+        " FROM generate_series(1, 20000)"
+    )
+    db.exec("ANALYZE jobs")
+    monkeypatch.setattr(jobs, "PAGE_BUDGET_MS", 1)
+    with whole_site(db) as base:
+        session = log_in(base)
+        count, page = bulk_preview(base, session, "cancel", name="mail.Send")
+        page = html.unescape(page)
+        assert 'action="/admin/jobs/bulk"' not in page
+        assert 10_000 < count < 40_000 and "jobs match, by the planner's estimate: narrow the filters" in page
+        monkeypatch.setattr(lib.http.admin.bulk, "BULK_CAP", 50_000)
+        count, page = bulk_preview(base, session, "cancel", name="mail.Send")
+        page = html.unescape(page)
+        assert 'id="bulk-estimated"' in page
+        assert f"Cancel ≈ {round(count, 3 - len(str(count))):,} jobs</button>" in page, page
+        csrf = re.search(r'name="csrf" value="([0-9a-f]+)"', page).group(1)
+        said = session.post(
+            f"{base}/admin/jobs/bulk", data={"csrf": csrf, "action": "cancel", "name": "mail.Send"}
+        ).text
+        assert "cancelled 20000 jobs" in said
+    assert db.query_row("SELECT count(*) FROM jobs WHERE status = 'pending'")[0] == 0
+
+
+def test_the_queues_page_counts_a_backlog_up_to_its_share_of_the_rows(db, monkeypatch):
+    """Past its share of PENDING_ROWS a queue's pending rows show as "N+", its
+    due rows exactly while a scheduled row was read, the rest as at least."""
+    db.exec(
+        "INSERT INTO jobs (queue, name, args, run_at) SELECT 'mail', 'mail.Send', '{}',"
+        " CASE WHEN i <= 60 THEN now() - interval '1 minute' ELSE now() + interval '1 hour' END"
+        " FROM generate_series(1, 500) AS i"
+    )
+    db.exec("INSERT INTO jobs (queue, name, args) SELECT 'sms', 'sms.Send', '{}' FROM generate_series(1, 150)")
+    make_job(db, "sms", "sms.Send", run_at=later(hours=1))
+    monkeypatch.setattr(lib.http.admin.queues, "PENDING_ROWS", 100)  # two queues: 100 each, the least share
+    with whole_site(db) as base:
+        row = queue_row(get(base, "/admin/"), "mail")
+        live = json.loads(get(base, "/admin/live", page="queues"))["numbers"]
+    cells = dict(re.findall(r'data-label="(pending|due|delayed|retrying)"[^>]*>([^<]*)<', row))
+    assert cells == {"pending": "100+", "due": "60", "delayed": "41+", "retrying": "0+"}, row
+    # sms: every row read was due, so its due rows are past the share too.
+    assert (live["queue:mail:pending"], live["queue:mail:due"]) == ("100+", "60")
+    assert (live["queue:sms:pending"], live["queue:sms:due"], live["queue:sms:delayed"]) == ("100+", "100+", "0+")
 
 
 def test_bulk_retry_skips_deduped_copies_as_redrive_does(db):

@@ -84,6 +84,7 @@ def test_status_on_an_empty_table_lists_every_registered_queue_with_zeros(db, cl
         "queue": registered[0], "pending": 0, "due": 0, "delayed": 0, "running": 0, "oldest_due_age_s": None,
         "done_1h": {"ok": 0, "fail": 0, "skip": 0, "err": 0}, "retrying": 0,
         "paused_until": None, "pause_reason": None, "throttled_until": None, "scaled_to": None, "scaled_by": None, "keys": 0,
+        "counted_to": None,  # status counts every pending row
     }  # fmt: skip
 
 

@@ -100,7 +100,8 @@ def test_queue_stats_stays_on_indexes_with_a_million_finished_rows(db, database_
         with conn.cursor() as cur:
             cur.execute("SET plan_cache_mode = force_generic_plan")
             cur.execute(query.prepare)
-            cur.execute("EXPLAIN (ANALYZE, BUFFERS) " + query.execute, [["q1"]])
+            values = {"queues": ["q1"], "rows": None}
+            cur.execute("EXPLAIN (ANALYZE, BUFFERS) " + query.execute, [values[p] for p in query.params])
             plan = "\n".join(row[0] for row in cur.fetchall())
     finally:
         conn.close()
@@ -110,3 +111,44 @@ def test_queue_stats_stays_on_indexes_with_a_million_finished_rows(db, database_
     assert int(plan.split("Buffers: shared hit=")[1].split()[0].split(",")[0]) < 200, plan
     [q1] = [s for s in overview.queue_stats(db) if s.queue == "q1"]
     assert (q1.pending, q1.done_1h["ok"]) == (1, 1)
+
+
+def plant_pending(db, queue: str, due: int, scheduled: int, retrying_due: int = 0) -> None:
+    """Pending rows of one queue: due ones (the first retrying_due of them
+    back after a failure), then scheduled ones an hour ahead."""
+    db.exec(
+        "INSERT INTO jobs (queue, name, args, run_at, attempts)"
+        " SELECT %(queue)s, 'n', '{}',"
+        "  CASE WHEN i <= %(due)s THEN now() - interval '1 minute' + i * interval '1 ms'"
+        "  ELSE now() + interval '1 hour' END,"
+        "  CASE WHEN i <= %(retrying)s THEN 1 ELSE 0 END"
+        " FROM generate_series(1, %(n)s) AS i",
+        {"queue": queue, "due": due, "n": due + scheduled, "retrying": retrying_due},
+    )
+
+
+def test_pending_counts_stop_at_each_queues_share_of_the_rows_given(db):
+    """With rows, each queue with pending rows reads at most its even share
+    (at least 100), earliest run_at first: a queue past it says where the count
+    stopped, and its due rows are still exact when a scheduled row was read."""
+    plant_pending(db, "backlog", due=150, scheduled=0)  # all due, past its share
+    plant_pending(db, "mixed", due=80, scheduled=70, retrying_due=5)  # past its share, due under it
+    plant_pending(db, "small", due=30, scheduled=10)  # under its share
+    got = {s.queue: s for s in overview.queue_stats(db, rows=300)}  # three queues: 100 each
+    assert (got["backlog"].counted_to, got["backlog"].pending, got["backlog"].due) == (100, 101, 101)
+    assert (got["mixed"].counted_to, got["mixed"].pending, got["mixed"].due) == (100, 101, 80)
+    assert (got["mixed"].delayed, got["mixed"].retrying) == (21, 5)
+    small = got["small"]
+    assert (small.counted_to, small.pending, small.due, small.delayed) == (None, 40, 30, 10)
+    # The oldest due row is the first read: exact however far the count went.
+    assert 59 < got["backlog"].oldest_due_age_s < 90
+    # A larger budget shares out more; none counts every row.
+    wide = {s.queue: s for s in overview.queue_stats(db, rows=600)}
+    assert (wide["backlog"].counted_to, wide["backlog"].pending) == (None, 150)
+    assert (wide["mixed"].counted_to, wide["mixed"].pending, wide["mixed"].delayed) == (None, 150, 70)
+    exact = {s.queue: s for s in overview.queue_stats(db)}
+    assert [(s.pending, s.due, s.counted_to) for s in exact.values()] == [
+        (150, 150, None),
+        (150, 80, None),
+        (40, 30, None),
+    ]

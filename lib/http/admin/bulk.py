@@ -2,7 +2,8 @@
 pending one, that the list's filters match.
 
 The page first shows how many jobs the action will touch (the jobs list's
-own count, under its cap and timeout) and asks once. The action reads the
+own count, under its cap and the page's budget, else the planner's estimate)
+and asks once. The action reads the
 ids the filters match (the jobs list's own query), refuses more than
 BULK_CAP of them, so no slip acts on millions of rows, and is then one
 statement over those ids: the CLI's cancel (job_cancel), which leaves a job
@@ -44,7 +45,8 @@ class Preview:
     action: str
     filters: Filters
     state: str | None  # the state acted on; None: the filters leave none
-    count: int | None  # jobs it would touch now, up to BULK_CAP + 1; None: the count took too long
+    count: int | None  # jobs it would touch now, up to BULK_CAP + 1; None: neither counted nor estimated
+    estimated: bool = False  # count is the planner's estimate: counting took longer than the page's budget
 
     @property
     def allowed(self) -> bool:
@@ -63,7 +65,10 @@ def preview(db: Any, action: str, filters: Filters) -> Preview:
     state = _ACTS_ON[action].get(filters.state)
     if state is None:
         return Preview(action, filters, None, 0)
-    counted = jobs.count_one(db, {**values, "state": state}, BULK_CAP)
+    asked = {**values, "state": state}
+    counted = jobs.count_one(db, asked, BULK_CAP, timeout_ms=jobs.PAGE_BUDGET_MS)
+    if counted is None:
+        return Preview(action, filters, state, jobs.estimate(db, asked), estimated=True)
     return Preview(action, filters, state, counted)
 
 

@@ -34,7 +34,7 @@ PAGE_SIZE = 50
 COUNT_CAP = 10_000
 # A page's list and counts together: the list first, whatever it takes; a
 # count starts only with at least MIN_COUNT_MS of the budget left. The bulk
-# preview's one count has COUNT_TIMEOUT_MS.
+# preview's one count has the whole budget.
 PAGE_BUDGET_MS = 40
 MIN_COUNT_MS = 2
 COUNT_TIMEOUT_MS = 500

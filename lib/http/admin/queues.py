@@ -28,6 +28,12 @@ from lib.store.sql import Q
 # The rate is jobs finished a minute over this many rolled-up minutes.
 RATE_MINUTES = 15
 
+# The pending rows a queues page reads in all, shared among the queues with
+# some: what bounds its cost when every backlog row must be checked in the
+# heap (a busy table between vacuums), where counting them all would grow
+# with the backlog. A queue past its share shows "N+" (docs/performance.md).
+PENDING_ROWS = 20_000
+
 # What runs a queue, as the page marks it.
 RUNNING = "running"  # a live worker runs it
 OFF = "off"  # registered, off in this worker (no token), and no live worker runs it
@@ -66,7 +72,7 @@ def rows(
     """Every queue to show, by name."""
     running = Counter(q for w in workers if w.alive for q in set(w.queues))
     registered = set(registered) | set(off)
-    found = stats(db, sorted(registered | set(running)))
+    found = stats(db, sorted(registered | set(running)), rows=PENDING_ROWS)
     names = [s.queue for s in found]
     rates = {
         queue: (finished, minutes)

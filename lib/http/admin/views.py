@@ -67,13 +67,17 @@ class Site:
 def cells(row: QueueRow) -> dict[str, str]:
     """A queue's numbers as the page writes them."""
     s = row.stats
+    cap = s.counted_to
+    # Counted to its share: every due row was read when a scheduled one was
+    # (earliest first), so due alone can be exact; the rest are at least so many.
+    at_least = "" if cap is None else "+"
     return {
-        "pending": count(s.pending),
-        "due": count(s.due),
-        "delayed": count(s.delayed),
+        "pending": count(s.pending, cap),
+        "due": count(s.due, cap),
+        "delayed": count(s.delayed) + at_least,
         "running": count(s.running),
         "oldest": overview.age(s.oldest_due_age_s),
-        "retrying": count(s.retrying),
+        "retrying": count(s.retrying) + at_least,
         "rate": "-" if row.rate is None else f"{row.rate:.3g}/min",
         **{kind: count(n) for kind, n in s.done_1h.items()},
     }
