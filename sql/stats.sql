@@ -67,9 +67,9 @@ queues AS (
   UNION SELECT queue FROM state
   UNION SELECT unnest(%(queues)s::text[])
 )
-SELECT q.queue, coalesce(p.pending, 0), coalesce(p.due, 0), coalesce(r.running, 0),
+SELECT q.queue, p.pending, p.due, coalesce(r.running, 0),
        extract(EPOCH FROM now() - p.oldest_due)::float8, coalesce(d.done, '{}'::jsonb),
-       coalesce(p.retrying, 0), s.paused_until, s.pause_reason, s.throttled_until, s.scaled_to, s.scaled_by,
+       p.retrying, s.paused_until, s.pause_reason, s.throttled_until, s.scaled_to, s.scaled_by,
        k.keys, CASE WHEN p.pending > share.n THEN share.n END
 FROM queues q
 CROSS JOIN share

@@ -3,11 +3,11 @@ pending one, that the list's filters match.
 
 The page first shows how many jobs the action will touch (the jobs list's
 own count, under its cap and the page's budget, else the planner's estimate)
-and asks once. The action reads the
-ids the filters match (the jobs list's own query), refuses more than
-BULK_CAP of them, so no slip acts on millions of rows, and is then one
-statement over those ids: the CLI's cancel (job_cancel), which leaves a job
-claimed meanwhile to run, or redrive, with its rules for deduped jobs.
+and asks once. The action reads the ids the filters match (the jobs list's
+own query), refuses more than BULK_CAP of them, so no slip acts on millions
+of rows, and is then one statement over those ids: the CLI's cancel
+(job_cancel), which leaves a job claimed meanwhile to run, or redrive, with
+its rules for deduped jobs.
 """
 
 from __future__ import annotations
