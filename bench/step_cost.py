@@ -1,6 +1,7 @@
 """What one step of a serial queue costs the server: a job's outcome and the
 next claim, sent as the group commit sends a lone ask (jobs_step_one) and as
-a batch of one through jobs_step.
+a batch of one through jobs_step; and what a batch of 40 queues' steps costs
+(jobs_step, as a busy 40-queue worker sends them).
 
 Run from the project root:  .venv/bin/python bench/step_cost.py [--steps 3000] [--rounds 4]
 
@@ -10,7 +11,9 @@ its commit), each step the previous job's outcome with the next claim, one
 round trip and one commit. The two take turns, --rounds times --steps steps
 each, so the machine's load falls on both alike. For each: steps a second
 (and as a share of the commit rate) and the backend's CPU a step, read from
-/proc when the server runs on this machine (else n/a).
+/proc when the server runs on this machine (else n/a). The batch row works 40
+queues at once, each batch every queue's outcome with its next claim; its
+steps are jobs, and its CPU is a job's share of the batch's.
 
 bench/compare.py runs the jobs_step_one loop too, next to the worker's own
 serial run: what the statement alone allows, in the same run as the peers.
@@ -34,35 +37,41 @@ from lib.store.group_commit import Ask, batch_step, lone_step
 from lib.store.sql import STATEMENTS
 
 PATHS = {"jobs_step_one": lone_step, "jobs_step (a batch of one)": lambda ask: batch_step([ask])}
+BATCH = "jobs_step (40 queues a batch), a job"
+QUEUES = 40
 WARMUP = 200  # untimed steps first: the statements are prepared and planned
 
 
 class Stepper:
-    """One queue worked one job at a time through one function."""
+    """Queues worked one job at a time each: one queue through one function,
+    or (batch) every queue's step in one jobs_step call."""
 
-    def __init__(self, url: str, queue: str, build: Any, jobs: int) -> None:
-        self.queue, self.build = queue, build
+    def __init__(self, url: str, queues: list[str], build: Any, jobs: int, batch: bool = False) -> None:
+        self.queues, self.build, self.batch = queues, build, batch
         self.conn = psycopg2.connect(url)
         self.conn.autocommit = True
         self.cur = self.conn.cursor()
         self.cur.execute("SELECT pg_backend_pid()")
         self.pid = self.cur.fetchone()[0]
-        self.cur.execute(
-            "INSERT INTO jobs (queue, name, args) SELECT %s, 'bench.Noop', '{}' FROM generate_series(1, %s)",
-            (queue, jobs),
-        )
+        for queue in queues:
+            self.cur.execute(
+                "INSERT INTO jobs (queue, name, args) SELECT %s, 'bench.Noop', '{}' FROM generate_series(1, %s)",
+                (queue, jobs),
+            )
         self.cur.execute("VACUUM ANALYZE jobs")
         self.prepared: set[str] = set()
-        self.row: tuple[Any, ...] | None = None
+        # Each queue's job in hand: its outcome goes with the queue's next claim.
+        self.rows: dict[str, tuple[Any, ...]] = {}
 
-    def step(self) -> None:
-        claim = {"queue": self.queue, "slot": 0, "worker_id": "bench", "lease": 300.0, "max_attempts": 5, "id": None}
+    def ask(self, queue: str) -> Ask:
+        claim = {"queue": queue, "slot": 0, "worker_id": "bench", "lease": 300.0, "max_attempts": 5, "id": None}
+        row = self.rows.get(queue)
         outcome = None
-        if self.row is not None:
+        if row is not None:
             outcome = {
-                "id": self.row[2],
+                "id": row[2],
                 "worker_id": "bench",
-                "attempts": self.row[5],
+                "attempts": row[5],
                 "status": "ok",
                 "retry_in": None,
                 "last_error": None,
@@ -70,17 +79,21 @@ class Stepper:
                 "delay": 0.0,
                 "uncounted": 0,
             }
-        sql, params = self.build(Ask(outcome, claim))
+        return Ask(outcome, claim)
+
+    def step(self) -> None:
+        asks = [self.ask(queue) for queue in self.queues]
+        sql, params = batch_step(asks) if self.batch else self.build(asks[0])
         # Prepared, as the pool runs it.
         stmt = STATEMENTS[sql]
         if stmt.name not in self.prepared:
             self.cur.execute(stmt.prepare)
             self.prepared.add(stmt.name)
         self.cur.execute(stmt.execute, [params[name] for name in stmt.params])
-        claimed = [row for row in self.cur.fetchall() if row[0] is not None]
-        if not claimed or claimed[0][2] is None:
-            raise SystemExit(f"{self.queue}: the queue ran dry or claimed nothing: {claimed}")
-        self.row = claimed[0]
+        claimed = {row[0]: row for row in self.cur.fetchall() if row[0] is not None and row[2] is not None}
+        if len(claimed) < len(self.queues):
+            raise SystemExit(f"{self.queues[0]}...: a queue ran dry or claimed nothing: {claimed}")
+        self.rows = claimed
 
     def timed(self, steps: int) -> tuple[float, float | None]:
         """Wall and backend CPU seconds for this many steps; CPU None when the
@@ -97,9 +110,14 @@ class Stepper:
 def measure(url: str, steps: int, rounds: int, paths: list[str] | None = None) -> dict[str, dict[str, Any]]:
     """Each of paths (default: all of PATHS), by label: steps, steps_per_s, server_cpu_ms (None: not visible)."""
     steppers = {
-        label: Stepper(url, f"step{n}", PATHS[label], WARMUP + steps * rounds + 10)
+        label: Stepper(url, [f"step{n}"], PATHS[label], WARMUP + steps * rounds + 10)
         for n, label in enumerate(paths or PATHS)
     }
+    # As many jobs as a serial path's steps, QUEUES of them in each batch.
+    batches = max(1, steps // QUEUES)
+    if paths is None or BATCH in paths:
+        queues = [f"batch{n:02d}" for n in range(QUEUES)]
+        steppers[BATCH] = Stepper(url, queues, None, WARMUP + batches * rounds + 10, batch=True)
     for stepper in steppers.values():
         for _ in range(WARMUP):
             stepper.step()
@@ -107,13 +125,13 @@ def measure(url: str, steps: int, rounds: int, paths: list[str] | None = None) -
     cpus: dict[str, float | None] = dict.fromkeys(steppers, 0.0)
     for _ in range(rounds):
         for label, stepper in steppers.items():
-            wall, cpu = stepper.timed(steps)
+            wall, cpu = stepper.timed(batches if stepper.batch else steps)
             walls[label] += wall
             so_far = cpus[label]
             cpus[label] = None if cpu is None or so_far is None else so_far + cpu
-    done = steps * rounds
     found = {}
     for label, cpu in cpus.items():
+        done = (batches * QUEUES if steppers[label].batch else steps) * rounds
         cpu_ms = None if cpu is None else 1000 * cpu / done
         found[label] = {"steps": done, "steps_per_s": done / walls[label], "server_cpu_ms": cpu_ms}
     return found

@@ -270,6 +270,26 @@ def test_a_held_head_claims_nothing_not_the_row_behind(db: DB, database_url: str
     assert same(*states)
 
 
+def test_a_batch_claims_a_queues_order_only_up_to_its_first_held_row(db: DB, database_url: str) -> None:
+    """Several free slots of one queue in a batch: the rows before the first
+    one another transaction holds are claimed, none after it, so no job
+    starts while one before it is due and not started."""
+    jobs = [insert(db, "q", "q.N", {"n": n}) for n in range(4)]
+    asks = [Ask(None, claim(slot=slot)) for slot in range(4)]
+    for first_held, expected in ((0, []), (2, jobs[:2])):
+        with (
+            held(database_url, "SELECT 1 FROM jobs WHERE id = %s FOR UPDATE", (jobs[first_held],)),
+            db.transaction() as tx,
+        ):
+            rows = tx.query(*batch_step(asks))
+            tx.conn.rollback()
+        assert sorted(row[2] for row in rows if row[2] is not None) == expected, (first_held, rows)
+    with db.transaction() as tx:
+        rows = tx.query(*batch_step(asks))
+        tx.conn.rollback()
+    assert sorted(row[2] for row in rows if row[2] is not None) == jobs
+
+
 def test_a_queue_whose_turn_is_held_is_looked_at_again_shortly(db: DB, database_url: str) -> None:
     insert(db, "q", "q.N")
     with held(database_url, "SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (QUEUE_TURN_KEY, "q")):
