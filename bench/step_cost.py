@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,18 +37,23 @@ from bench.harness import CommitRate, Server, add_pgbench_seconds, process_cpu_s
 from lib.store.group_commit import Ask, batch_step, lone_step
 from lib.store.sql import STATEMENTS
 
-PATHS = {"jobs_step_one": lone_step, "jobs_step (a batch of one)": lambda ask: batch_step([ask])}
-BATCH = "jobs_step (40 queues a batch), a job"
-QUEUES = 40
+# Each path: how its asks become one statement, and how many queues (one ask
+# each) go in every call.
+PATHS: dict[str, tuple[Callable[[list[Ask]], tuple[str, dict[str, Any]]], int]] = {
+    "jobs_step_one": (lambda asks: lone_step(asks[0]), 1),
+    "jobs_step (a batch of one)": (batch_step, 1),
+    "jobs_step (40 queues a batch), a job": (batch_step, 40),
+}
 WARMUP = 200  # untimed steps first: the statements are prepared and planned
 
 
 class Stepper:
-    """Queues worked one job at a time each: one queue through one function,
-    or (batch) every queue's step in one jobs_step call."""
+    """Queues worked one job at a time each, every queue's step in one call."""
 
-    def __init__(self, url: str, queues: list[str], build: Any, jobs: int, batch: bool = False) -> None:
-        self.queues, self.build, self.batch = queues, build, batch
+    def __init__(
+        self, url: str, queues: list[str], build: Callable[[list[Ask]], tuple[str, dict[str, Any]]], jobs: int
+    ) -> None:
+        self.queues, self.build = queues, build
         self.conn = psycopg2.connect(url)
         self.conn.autocommit = True
         self.cur = self.conn.cursor()
@@ -82,8 +88,7 @@ class Stepper:
         return Ask(outcome, claim)
 
     def step(self) -> None:
-        asks = [self.ask(queue) for queue in self.queues]
-        sql, params = batch_step(asks) if self.batch else self.build(asks[0])
+        sql, params = self.build([self.ask(queue) for queue in self.queues])
         # Prepared, as the pool runs it.
         stmt = STATEMENTS[sql]
         if stmt.name not in self.prepared:
@@ -109,15 +114,15 @@ class Stepper:
 
 def measure(url: str, steps: int, rounds: int, paths: list[str] | None = None) -> dict[str, dict[str, Any]]:
     """Each of paths (default: all of PATHS), by label: steps, steps_per_s, server_cpu_ms (None: not visible)."""
-    steppers = {
-        label: Stepper(url, [f"step{n}"], PATHS[label], WARMUP + steps * rounds + 10)
-        for n, label in enumerate(paths or PATHS)
-    }
-    # As many jobs as a serial path's steps, QUEUES of them in each batch.
-    batches = max(1, steps // QUEUES)
-    if paths is None or BATCH in paths:
-        queues = [f"batch{n:02d}" for n in range(QUEUES)]
-        steppers[BATCH] = Stepper(url, queues, None, WARMUP + batches * rounds + 10, batch=True)
+    labels = paths or list(PATHS)
+    # As many jobs a round as a serial path's steps: a path of several queues
+    # makes a call for each of them.
+    calls = {label: max(1, steps // PATHS[label][1]) for label in labels}
+    steppers = {}
+    for n, label in enumerate(labels):
+        build, width = PATHS[label]
+        queues = [f"step{n}_{q:02d}" for q in range(width)]
+        steppers[label] = Stepper(url, queues, build, WARMUP + calls[label] * rounds + 10)
     for stepper in steppers.values():
         for _ in range(WARMUP):
             stepper.step()
@@ -125,13 +130,13 @@ def measure(url: str, steps: int, rounds: int, paths: list[str] | None = None) -
     cpus: dict[str, float | None] = dict.fromkeys(steppers, 0.0)
     for _ in range(rounds):
         for label, stepper in steppers.items():
-            wall, cpu = stepper.timed(batches if stepper.batch else steps)
+            wall, cpu = stepper.timed(calls[label])
             walls[label] += wall
             so_far = cpus[label]
             cpus[label] = None if cpu is None or so_far is None else so_far + cpu
     found = {}
     for label, cpu in cpus.items():
-        done = (batches * QUEUES if steppers[label].batch else steps) * rounds
+        done = calls[label] * PATHS[label][1] * rounds
         cpu_ms = None if cpu is None else 1000 * cpu / done
         found[label] = {"steps": done, "steps_per_s": done / walls[label], "server_cpu_ms": cpu_ms}
     return found
