@@ -25,8 +25,7 @@ from lib.greenlets import hub_watch  # noqa: E402
 from lib.greenlets.backoff import Backoff  # noqa: E402
 from lib.greenlets.supervise import Supervisor  # noqa: E402
 from lib.operate import overview, queue_state, setup_check  # noqa: E402
-from lib.operate.queue_state import declare_rate, pause, resume  # noqa: E402
-from lib.run.api_queue import AUTH_PREFIX  # noqa: E402
+from lib.operate.queue_state import AUTH_PREFIX, declare_rate, pause, resume  # noqa: E402
 from lib.run.poller import Poller  # noqa: E402
 from lib.run.queue import Queue  # noqa: E402
 from lib.run.runtime import Runtime  # noqa: E402

@@ -14,7 +14,6 @@ an argument, so tests pass the time in and never sleep.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from collections import Counter
@@ -69,6 +68,9 @@ class Scheduled:
         """What names this entry in clock_ticks: a digest of what it enqueues,
         (queue, name, args), args in a canonical key order. A digest, so the
         table stays small whatever the args."""
+        # Imported here: hashlib loads OpenSSL's digests, memory a worker with no schedule has no use for.
+        import hashlib
+
         what = json.dumps([self.queue, self.name, self.args or {}], sort_keys=True, separators=(",", ":"))
         return hashlib.md5(what.encode()).hexdigest()
 

@@ -30,6 +30,7 @@ from lib.clients.base import (
 from lib.greenlets.backoff import backoff
 from lib.job import Handler, PendingJob, Snooze, status
 from lib.job.text import describe
+from lib.operate.queue_state import AUTH_PREFIX
 from lib.run.queue import Queue
 from lib.setup.errors import Outage, capture, reported
 from lib.store.db import DB
@@ -38,9 +39,6 @@ from lib.store.sql import Q
 log = logging.getLogger("jobs.api")
 
 AUTH_PAUSE = timedelta(hours=1)
-# The reason of the pause the worker takes by itself after an API rejected a
-# token begins so; a worker that starts (after the token was fixed) ends them.
-AUTH_PREFIX = "auth: "
 # When an API says "slow down" without saying until when.
 DEFAULT_RESET = 60.0
 # Tries a job makes at a transient fault (a 5xx, a timeout, a reset), by

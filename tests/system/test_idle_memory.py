@@ -82,3 +82,36 @@ def test_a_worker_that_serves_no_metrics_keeps_no_prometheus_client(db, database
     # Its handler ran and its outcome was written, with nothing there to count it.
     (status,) = db.query_row("SELECT status FROM jobs WHERE queue = 'caches'")
     assert status.startswith(("ok", "skip")), (status, done.stderr[-3000:])
+
+
+# A worker of its own queues, none calling an API, and no schedule: as a
+# service that brings its own registry runs it (bench/apps/compare_ours_worker.py).
+PLAIN_QUEUES_THEN_LIST = """
+from gevent import monkey
+
+monkey.patch_all()
+
+import os, signal, sys
+
+import gevent
+
+import worker
+from lib.run.queue import Queue
+
+registry = [lambda db, q=q: Queue(q, {"plain.Noop": lambda job: "ok"}) for q in ("a", "b")]
+gevent.spawn_later(3, os.kill, os.getpid(), signal.SIGTERM)
+code = worker.main(registry, [])
+heavy = ("lib.clients", "lib.run.api_queue", "hashlib", "asyncio", "sentry_sdk", "requests", "argparse")
+print("loaded:", sorted(name for name in heavy if name in sys.modules))
+sys.exit(code)
+"""
+
+
+def test_a_worker_of_plain_queues_and_no_schedule_loads_no_api_client_nor_digest(db, database_url):
+    """The API clients and hashlib (OpenSSL's digests, for the schedule's
+    keys) cost a worker that runs neither about 1 MB resident."""
+    env = {"DATABASE_URL": database_url, "JOBS_HTTP_ADDR": "off", "SENTRY_DSN": "", "LOG_FORMAT": "text"}
+    done = run_python(PLAIN_QUEUES_THEN_LIST, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "stopped" in done.stderr, done.stderr[-3000:]
+    assert "loaded: []" in done.stdout, done.stdout + done.stderr[-3000:]
