@@ -31,7 +31,8 @@ from chancy import Chancy, Job, Queue, Worker
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from compare_support import Starts, enqueue_jobs, enqueue_parser, run_command, worker_parser
+from compare_asyncio import enqueue_jobs, run_command
+from compare_support import Starts, enqueue_parser, worker_parser
 
 STARTS = Starts()
 FALLBACK_POLL = 120

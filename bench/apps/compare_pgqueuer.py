@@ -26,7 +26,8 @@ from pgqueuer import Job, Queries, QueueManager
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from compare_support import Starts, enqueue_jobs, enqueue_parser, on_stop, run_command, worker_parser
+from compare_asyncio import enqueue_jobs, on_stop, run_command
+from compare_support import Starts, enqueue_parser, worker_parser
 
 FALLBACK_POLL = timedelta(seconds=120)
 

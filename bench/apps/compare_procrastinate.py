@@ -28,7 +28,8 @@ from procrastinate.worker import Worker
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from compare_support import Starts, enqueue_jobs, enqueue_parser, on_stop, run_command, worker_parser
+from compare_asyncio import enqueue_jobs, on_stop, run_command
+from compare_support import Starts, enqueue_parser, worker_parser
 
 TASK = "bench_noop"
 FALLBACK_POLL = 120.0
