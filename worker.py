@@ -25,9 +25,9 @@ from lib.greenlets import hub_watch  # noqa: E402
 from lib.greenlets.backoff import Backoff  # noqa: E402
 from lib.greenlets.supervise import Supervisor  # noqa: E402
 from lib.operate import overview, queue_state, setup_check  # noqa: E402
-from lib.operate.queue_state import AUTH_PREFIX, declare_rate, pause, resume  # noqa: E402
+from lib.operate.queue_state import declare_rate, pause, resume  # noqa: E402
 from lib.run.poller import Poller  # noqa: E402
-from lib.run.queue import Queue  # noqa: E402
+from lib.run.queue import AUTH_PREFIX, Queue  # noqa: E402
 from lib.run.runtime import Runtime  # noqa: E402
 from lib.setup import errors, logs  # noqa: E402
 from lib.setup.dsn import dsn_place, mask_secret  # noqa: E402

@@ -17,10 +17,6 @@ log = logging.getLogger("jobs.queue_state")
 # How long a rate's declaration may wait on a row another transaction holds.
 RATE_LOCK_TIMEOUT_MS = 2000
 
-# The reason of the pause the worker takes by itself after an API rejected a
-# token begins so; a worker that starts (after the token was fixed) ends them.
-AUTH_PREFIX = "auth: "
-
 
 def pause(db: Any, queue: str, reason: str, until: datetime | None = None) -> None:
     """No worker claims the queue's jobs until `until` (None: until resumed)."""

@@ -30,8 +30,7 @@ from lib.clients.base import (
 from lib.greenlets.backoff import backoff
 from lib.job import Handler, PendingJob, Snooze, status
 from lib.job.text import describe
-from lib.operate.queue_state import AUTH_PREFIX
-from lib.run.queue import Queue
+from lib.run.queue import AUTH_PREFIX, Queue
 from lib.setup.errors import Outage, capture, reported
 from lib.store.db import DB
 from lib.store.sql import Q

@@ -13,6 +13,10 @@ from lib.insert import check_name
 from lib.job import Handler, Throttle
 from lib.job.rate import Budget, Rate, limits_key
 
+# The reason of the pause the worker takes by itself after an API rejected a
+# token begins so; a worker that starts (after the token was fixed) ends them.
+AUTH_PREFIX = "auth: "
+
 
 @dataclass(frozen=True, eq=False)
 class Queue:

@@ -20,8 +20,8 @@ from lib.clients import AnthropicClient, ApolloClient, GitHubClient, SlackClient
 from lib.insert import insert
 from lib.job import status as st
 from lib.operate import setup_check
-from lib.operate.queue_state import AUTH_PREFIX, pause
-from lib.run.queue import Queue
+from lib.operate.queue_state import pause
+from lib.run.queue import AUTH_PREFIX, Queue
 from lib.run.runtime import Runtime
 from lib.setup.settings import Settings
 from lib.store.db import DB

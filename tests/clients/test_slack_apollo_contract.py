@@ -22,7 +22,7 @@ from lib.clients.errors import OutcomeUnknown
 from lib.insert import insert
 from lib.job import PendingJob
 from lib.job import status as st
-from lib.operate.queue_state import AUTH_PREFIX
+from lib.run.queue import AUTH_PREFIX
 from lib.run.runtime import Runtime
 from queues import apollo, slack
 
