@@ -88,16 +88,13 @@ def enqueue_rates(url: str, rows: int, rounds: int) -> dict[str, dict[str, Any]]
     def trigger(on: bool) -> None:
         cur.execute(f"ALTER TABLE jobs {'ENABLE' if on else 'DISABLE'} TRIGGER jobs_inserted")
 
+    def plain_insert() -> None:
+        cur.execute(_INSERT, (QUEUE, JOB_NAME, json.dumps({"seq": next(seq)})))
+
     kinds: dict[str, tuple[Callable[[], None], Callable[[], None]]] = {
         "one-row UPDATE": (lambda: None, lambda: cur.execute("UPDATE floor_one SET n = n + 1 WHERE id = 1")),
-        "INSERT into jobs, trigger off": (
-            lambda: trigger(False),
-            lambda: cur.execute(_INSERT, (QUEUE, JOB_NAME, json.dumps({"seq": next(seq)}))),
-        ),
-        "INSERT into jobs (its NOTIFY)": (
-            lambda: trigger(True),
-            lambda: cur.execute(_INSERT, (QUEUE, JOB_NAME, json.dumps({"seq": next(seq)}))),
-        ),
+        "INSERT into jobs, trigger off": (lambda: trigger(False), plain_insert),
+        "INSERT into jobs (its NOTIFY)": (lambda: trigger(True), plain_insert),
         "lib.insert": (lambda: trigger(True), lambda: insert(conn, QUEUE, JOB_NAME, {"seq": next(seq)})),
     }
     found: dict[str, list[float]] = {kind: [] for kind in kinds}
@@ -115,6 +112,7 @@ def enqueue_rates(url: str, rows: int, rounds: int) -> dict[str, dict[str, Any]]
     finally:
         trigger(True)
         cur.execute("DROP TABLE floor_one")
+        # The start measurement claims this queue's head: each claim must find the job just committed.
         cur.execute("DELETE FROM jobs WHERE queue = %s", (QUEUE,))
         conn.close()
     return {kind: {"per_s": statistics.median(rates), "rounds": rates} for kind, rates in found.items()}
@@ -164,8 +162,10 @@ def start_times(url: str, samples: int) -> dict[str, dict[str, float]]:
     receive, send = fork.Pipe(duplex=False)
     child = fork.Process(target=_claimer, args=(url, samples, ready, send), daemon=True)
     child.start()
-    ready.wait(30)
-    time.sleep(0.2)  # the LISTEN is in place before the first commit
+    # Set once its LISTEN has committed: no commit after this goes unheard.
+    if not ready.wait(30):
+        child.kill()
+        raise SystemExit("the claimer did not start listening within 30 s")
     producer = connect(url)
     commits = {}
     try:
