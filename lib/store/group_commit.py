@@ -7,7 +7,8 @@ to wait for company, and the asks made in this turn go together (a queue's
 slots, starting at once, claim in one statement). The sender (lib/greenlets/standby.py)
 sends it, and stays a moment for the next batch. While one batch is on its
 way, the asks that arrive meanwhile wait for it and then go together, so
-under load a batch grows by itself. When batches carry one ask each (a
+under load a batch grows by itself; with none on its way, SEND_AT asks go at
+once from the writer whose outcome makes them that many. When batches carry one ask each (a
 serial queue, an idle worker), a job's outcome goes at once from the
 greenlet that asked, without the hop to the sender and back: outcomes come
 one at a time as jobs end, not in a burst of one turn. A batch of one goes
@@ -39,6 +40,12 @@ log = logging.getLogger("jobs.commit")
 # The first key of every queue's turn, pg_try_advisory_xact_lock(key,
 # hashtext(queue)): the key jobs_queue_turn (migration 022) takes.
 QUEUE_TURN_KEY = 1785684595
+
+# Asks that make a batch worth sending at once, not on the sender's turn:
+# under load the slots then settle into two batches that take turns, one at
+# the server while the other's jobs run (at 64 slots, one batch of all of
+# them leaves the worker idle while the server works, and the other way round).
+SEND_AT = 16
 
 # Seconds a batch may take before it counts as unanswered (the server or the
 # way to it hangs); its outcome is then settled like a lost connection's.
@@ -83,15 +90,25 @@ class Committer:
         ask = Ask(outcome, claim)
         if outcome is None or self._in_flight or self._asks or not self._alone:
             self._asks.append(ask)
-            if not self._in_flight:
-                # Else the batch on its way asks the sender once it is back.
+            if self._in_flight:
+                pass  # the batch on its way asks the sender once it is back
+            elif outcome is not None and len(self._asks) >= SEND_AT:
+                # Enough for a batch: it goes now, while the slots still
+                # running make the next one, so the server works on one
+                # batch while the worker runs the jobs of the other. Only
+                # an outcome's writer sends for others: the shutdown kills
+                # pollers, which ask claims alone, never writers.
+                asks, self._asks = self._asks, []
+                self._batch(asks)
+            else:
                 self._sender.ask()
         else:
             self._batch([ask])
         return ask.reply.get()
 
     def _drain(self) -> None:
-        while self._asks:
+        # A writer may have sent what waited (SEND_AT) since the sender was asked.
+        while self._asks and not self._in_flight:
             asks, self._asks = self._asks, []
             self._batch(asks)
 

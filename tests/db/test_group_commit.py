@@ -14,11 +14,12 @@ from gevent.event import Event
 from tests_support import count_jobs, make_poller, poll_until, running_worker, updates_held, wait_for, waiting_on
 
 import lib.greenlets.standby
-from lib.insert import insert
+from lib.insert import Job, insert, insert_many
 from lib.run.outcome import Outcome
 from lib.run.queue import Queue
 from lib.run.runtime import Runtime
 from lib.setup.settings import Settings
+from lib.store import group_commit
 from lib.store.binding import array_text
 from lib.store.db import DB, NoReply
 from lib.store.group_commit import Ask, lone_step
@@ -354,6 +355,35 @@ def test_asks_of_one_turn_go_together_from_a_sender_that_leaves_once_idle(db, ru
     with gevent.Timeout(10):
         assert pollers[0].claim() is not None
     assert batches[-1][0] is not sender and not batches[-1][0].dead
+
+
+def test_a_writer_that_makes_send_at_asks_sends_them_one_batch_on_its_way_at_a_time(db):
+    """Under load (64 slots of no-op jobs) an outcome that makes SEND_AT
+    asks waiting, with no batch on its way, goes at once from the writer that
+    asked, with the asks before it, not on the sender's turn; the sender,
+    asked before that, sends nothing beside it: one batch is on its way at a
+    time, and every job ends once."""
+    poller = make_poller("sa", db, {"sa.N": lambda job: "ok"}, concurrency=64)
+    insert_many(db, [Job("sa", "sa.N") for _ in range(640)])
+    commit = poller.completer
+    batches = []  # (sent by the sender, asks carried, batches on their way then)
+    on_the_way = []
+    commit_batch = commit._commit
+
+    def noted(asks):
+        on_the_way.append(None)
+        batches.append((gevent.getcurrent() is commit._sender._greenlet, len(asks), len(on_the_way)))
+        try:
+            return commit_batch(asks)
+        finally:
+            on_the_way.pop()
+
+    commit._commit = noted
+    poll_until([poller], lambda: count_jobs(db, "status = 'ok'") == 640)
+    assert max(at_once for _, _, at_once in batches) == 1
+    by_writers = [n for by_sender, n, _ in batches if not by_sender and n > 1]
+    assert by_writers and min(by_writers) >= group_commit.SEND_AT
+    assert count_jobs(db, "status = 'ok' AND attempts = 1") == 640
 
 
 def test_a_slot_writes_its_outcomes_from_one_greenlet_that_ends_with_the_slot(db, monkeypatch):
