@@ -23,6 +23,11 @@ ROOT = Path(__file__).resolve().parent.parent
 # Every worker process a test starts would serve HTTP on the same default port
 # (and so would other suites on this machine): off unless a test asks for it.
 os.environ["JOBS_HTTP_ADDR"] = "off"
+# Tests rewrite source files that a process they start has already imported,
+# often within the same second and at the same size, which is all a cached
+# .pyc is checked against: the next process would run the old code. The
+# processes the tests start write no bytecode, so each reads the source.
+os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
 
 
 @pytest.hookimpl(hookwrapper=True)
