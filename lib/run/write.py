@@ -159,7 +159,7 @@ class Writer:
         answer, a row another transaction holds each only delay the write.
         Safe to repeat, and safe after the lease lapsed: the update matches
         only while the row is this claim's (not rescued) or already holds this
-        very outcome. The tries end a lease after the job's own would lapse,
+        very outcome. The last try goes when a lease after the job's own lapses,
         when a rescue has had time to take the row. An outcome the server
         refuses (a value it cannot store) is replaced by one saying so, so the
         row still ends."""
@@ -189,15 +189,16 @@ class Writer:
                     self._check_written(job, outcome, reply.written)
                     return
                 why = "its row is held by another transaction"
-            wait = retry.failed()
             held = self.leases.held.get(job.id)
-            if time.monotonic() + wait >= (held.good_until + self.leases.lease if held is not None else until):
+            left = (held.good_until + self.leases.lease if held is not None else until) - time.monotonic()
+            if left <= 0:
                 self._give_up(job, f"outcome not written within a lease after its own ({why})", None, tags)
                 return
             if not said:
                 said = True
                 log.warning("queue=%s id=%d outcome not written yet, trying again: %s", self.queue, job.id, why)
-            gevent.sleep(wait)
+            # The last try goes at the end of the tries, not a whole backoff before it.
+            gevent.sleep(min(retry.failed(), left))
 
     def _give_up(self, job: PendingJob, why: str, exc: BaseException | None, tags: dict[str, Any]) -> None:
         """The outcome cannot be written: the row stays started, and the rescue
