@@ -159,8 +159,9 @@ class Writer:
         answer, a row another transaction holds each only delay the write.
         Safe to repeat, and safe after the lease lapsed: the update matches
         only while the row is this claim's (not rescued) or already holds this
-        very outcome. The last try goes when a lease after the job's own lapses,
-        when a rescue has had time to take the row. An outcome the server
+        very outcome. The tries go on until a lease after the job's own lapses
+        (a rescue has had time to take the row by then), the last one at that
+        moment. An outcome the server
         refuses (a value it cannot store) is replaced by one saying so, so the
         row still ends."""
         tags = {"queue": self.queue, "job": job.name, "job_id": job.id, "callsite": job.callsite}
