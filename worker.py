@@ -1,6 +1,6 @@
-from gevent import monkey
+from lib.greenlets.patch import patch_stdlib
 
-monkey.patch_all()  # first: every later import must see the cooperative stdlib
+patch_stdlib()  # first: every later import must see the cooperative stdlib
 
 import logging  # noqa: E402
 import signal  # noqa: E402

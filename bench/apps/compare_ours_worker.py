@@ -8,16 +8,17 @@ the notes are written when the worker exits (SIGTERM). The benchmark sets
 DATABASE_URL, JOBS_HTTP_ADDR=off and LOG_LEVEL=WARNING in its environment.
 """
 
-from gevent import monkey
-
-monkey.patch_all()  # first, as in worker.py: every later import sees the cooperative stdlib
-
-import sys  # noqa: E402
-from collections.abc import Callable  # noqa: E402
-from pathlib import Path  # noqa: E402
+import sys
+from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from lib.greenlets.patch import patch_stdlib
+
+patch_stdlib()  # first, as in worker.py: every later import sees the cooperative stdlib
+
+from collections.abc import Callable  # noqa: E402
 
 from compare_support import OURS_JOB_NAME as JOB_NAME  # noqa: E402
 from compare_support import Starts, worker_parser  # noqa: E402

@@ -14,9 +14,9 @@ from tests_support import run_python
 # Run in a plain interpreter of its own (this one has them all loaded): the
 # real worker.main with the real registry and schedule, stopped by SIGTERM.
 RUN_THEN_LIST = """
-from gevent import monkey
+from lib.greenlets.patch import patch_stdlib
 
-monkey.patch_all()
+patch_stdlib()  # as worker.py does
 
 import os, signal, sys
 
@@ -31,7 +31,7 @@ code = worker.main(registry, [], schedule=SCHEDULE)  # as `python worker.py`
 heavy = (
     "sentry_sdk", "requests", "urllib3", "jinja2", "tqdm", "lib.http.admin", "lib.operate.commands",
     "lib.setup.embedded", "pythonjsonlogger", "lib.operate.registry_check", "pglast", "psutil", "gevent.threadpool", "uuid",
-    "argparse", "lib.operate.cli",
+    "argparse", "lib.operate.cli", "importlib.metadata",
 )
 print("loaded:", sorted(name for name in heavy if name in sys.modules))
 sys.exit(code)
@@ -87,9 +87,9 @@ def test_a_worker_that_serves_no_metrics_keeps_no_prometheus_client(db, database
 # A worker of its own queues, none calling an API, and no schedule: as a
 # service that brings its own registry runs it (bench/apps/compare_ours_worker.py).
 PLAIN_QUEUES_THEN_LIST = """
-from gevent import monkey
+from lib.greenlets.patch import patch_stdlib
 
-monkey.patch_all()
+patch_stdlib()  # as worker.py does
 
 import os, signal, sys
 
@@ -101,7 +101,9 @@ from lib.run.queue import Queue
 registry = [lambda db, q=q: Queue(q, {"plain.Noop": lambda job: "ok"}) for q in ("a", "b")]
 gevent.spawn_later(3, os.kill, os.getpid(), signal.SIGTERM)
 code = worker.main(registry, [])
-heavy = ("lib.clients", "lib.run.api_queue", "hashlib", "asyncio", "sentry_sdk", "requests", "argparse")
+heavy = (
+    "lib.clients", "lib.run.api_queue", "hashlib", "asyncio", "sentry_sdk", "requests", "argparse", "importlib.metadata",
+)
 print("loaded:", sorted(name for name in heavy if name in sys.modules))
 sys.exit(code)
 """
