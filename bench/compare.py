@@ -890,7 +890,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--only", choices=SIDES, action="append", help="run only this side (repeatable)")
     parser.add_argument("--workloads", default="1,2,3,4,5,6", help="comma-separated, of 1-6")
     parser.add_argument(
-        "--concurrencies", default="16,32,64,128", help="workload 2's sweep for ours (default %(default)s)"
+        "--concurrencies", default="16,32,64,128,256", help="workload 2's sweep for ours (default %(default)s)"
     )
     parser.add_argument("--sweep", action="store_true", help="workloads 1 and 3: every listed setting of each peer")
     parser.add_argument("--samples", type=int, help="workload 4's jobs (default 200; quick 50)")

@@ -1,0 +1,95 @@
+"""jobs_step's work grows with its batch, not with its square: no step of
+any of its statements handles more than a few rows an ask, however many
+times the step runs (a step run once an ask over all the asks would handle
+asks x asks). Read from the plans the server ran (auto_explain, with the
+rows and loops of each plan node), not from a clock."""
+
+import re
+
+import psycopg2
+import pytest
+
+from lib.insert import Job, insert_many
+from lib.store.group_commit import Ask, batch_step
+from lib.store.sql import STATEMENTS
+
+# rows is a node's average a run (with decimals on newer servers); loops, how many times it ran.
+NODE = re.compile(
+    r"^\s*(?:->\s*)?(?P<node>[A-Z][^(]*?)\s+(?:\(cost=[^)]*\)\s+)?\(actual rows=(?P<rows>[\d.]+) loops=(?P<loops>\d+)\)"
+)
+
+
+def claim(slot: int, queue: str) -> dict:
+    return {"queue": queue, "slot": slot, "worker_id": "w", "lease": 300.0, "max_attempts": 5, "id": None}
+
+
+def outcome(job_id: int) -> dict:
+    return {
+        "id": job_id,
+        "worker_id": "w",
+        "attempts": 1,
+        "status": "ok",
+        "retry_in": None,
+        "last_error": None,
+        "last_traceback": None,
+        "delay": 0.0,
+        "uncounted": 0,
+    }
+
+
+def run_batch(cur, asks: list[Ask]) -> list[tuple]:
+    """The batch as the group commit sends it: prepared, then executed."""
+    sql, params = batch_step(asks)
+    stmt = STATEMENTS[sql]
+    cur.execute(f"DEALLOCATE ALL; {stmt.prepare}")
+    cur.execute(stmt.execute, [params[name] for name in stmt.params])
+    return cur.fetchall()
+
+
+def nodes_of_plans(conn, cur, asks: list[Ask]) -> tuple[list[tuple], list[tuple[str, int]]]:
+    """The batch's rows, and each plan node of its statements with the rows it handled in all."""
+    cur.execute("LOAD 'auto_explain'")
+    for setting in ("log_min_duration = 0", "log_analyze = on", "log_timing = off", "log_nested_statements = on"):
+        cur.execute(f"SET auto_explain.{setting}")
+    cur.execute("SET auto_explain.log_level = notice; SET client_min_messages = notice")
+    del conn.notices[:]
+    rows = run_batch(cur, asks)
+    cur.execute("RESET client_min_messages; SET auto_explain.log_min_duration = -1")
+    nodes = []
+    for notice in conn.notices:
+        for line in notice.splitlines():
+            found = NODE.match(line)
+            if found:
+                nodes.append((found["node"], round(float(found["rows"]) * int(found["loops"]))))
+    return rows, nodes
+
+
+@pytest.mark.parametrize(("queues", "slots"), [(1, 64), (40, 1)])
+def test_no_step_of_a_batch_handles_more_than_a_few_rows_an_ask(db, database_url, queues, slots):
+    names = [f"bp{n:02d}" for n in range(queues)]
+    # Three jobs a slot, beside the finished rows of a table in use, and the
+    # table's statistics read (as autovacuum keeps them).
+    insert_many(db, [Job(q, "bp.N") for _ in range(3 * slots) for q in names])
+    db.exec(
+        "INSERT INTO jobs (queue, name, status, finished_at) SELECT 'bp_done', 'bp.N', 'ok', now()"
+        " FROM generate_series(1, 20000)"
+    )
+    db.exec("ANALYZE jobs")
+    asks = [Ask(None, claim(s, q)) for q in names for s in range(slots)]
+    conn = psycopg2.connect(database_url)
+    conn.autocommit = True
+    try:
+        cur = conn.cursor()
+        first = run_batch(cur, asks)
+        held = [r for r in first if r[2] is not None]
+        assert len(held) == len(asks)
+        # Each slot's outcome with its next claim: a busy worker's batch.
+        asks = [Ask(outcome(r[2]), claim(r[10], r[0])) for r in held]
+        rows, nodes = nodes_of_plans(conn, cur, asks)
+    finally:
+        conn.close()
+    assert sum(r[0] is None and r[9] is None for r in rows) == len(asks)  # every outcome written
+    assert sum(r[0] is not None and r[2] is not None for r in rows) == len(asks)  # every slot claimed again
+    assert any(node.startswith("Update on jobs") for node, _ in nodes), nodes  # the plans were read
+    most = max(nodes, key=lambda n: n[1])
+    assert most[1] <= 4 * len(asks), (most, nodes)
