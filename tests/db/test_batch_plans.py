@@ -8,6 +8,7 @@ import re
 
 import psycopg2
 import pytest
+from test_step_one import claim, outcome
 
 from lib.insert import Job, insert_many
 from lib.store.group_commit import Ask, batch_step
@@ -17,24 +18,6 @@ from lib.store.sql import STATEMENTS
 NODE = re.compile(
     r"^\s*(?:->\s*)?(?P<node>[A-Z][^(]*?)\s+(?:\(cost=[^)]*\)\s+)?\(actual rows=(?P<rows>[\d.]+) loops=(?P<loops>\d+)\)"
 )
-
-
-def claim(slot: int, queue: str) -> dict:
-    return {"queue": queue, "slot": slot, "worker_id": "w", "lease": 300.0, "max_attempts": 5, "id": None}
-
-
-def outcome(job_id: int) -> dict:
-    return {
-        "id": job_id,
-        "worker_id": "w",
-        "attempts": 1,
-        "status": "ok",
-        "retry_in": None,
-        "last_error": None,
-        "last_traceback": None,
-        "delay": 0.0,
-        "uncounted": 0,
-    }
 
 
 def run_batch(cur, asks: list[Ask]) -> list[tuple]:
@@ -75,7 +58,7 @@ def test_no_step_of_a_batch_handles_more_than_a_few_rows_an_ask(db, database_url
         " FROM generate_series(1, 20000)"
     )
     db.exec("ANALYZE jobs")
-    asks = [Ask(None, claim(s, q)) for q in names for s in range(slots)]
+    asks = [Ask(None, claim(q, s)) for q in names for s in range(slots)]
     conn = psycopg2.connect(database_url)
     conn.autocommit = True
     try:
@@ -84,7 +67,7 @@ def test_no_step_of_a_batch_handles_more_than_a_few_rows_an_ask(db, database_url
         held = [r for r in first if r[2] is not None]
         assert len(held) == len(asks)
         # Each slot's outcome with its next claim: a busy worker's batch.
-        asks = [Ask(outcome(r[2]), claim(r[10], r[0])) for r in held]
+        asks = [Ask(outcome(r[2]), claim(r[0], r[10])) for r in held]
         rows, nodes = nodes_of_plans(conn, cur, asks)
     finally:
         conn.close()
