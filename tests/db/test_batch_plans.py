@@ -49,13 +49,18 @@ def nodes_of_plans(conn, cur, asks: list[Ask]) -> tuple[list[tuple], list[tuple[
 
 # (queues, slots a queue, pending jobs a queue, finished rows): the planner's
 # choices follow the table's statistics, and each case is one where a plan
-# that is not linear in the batch was chosen before jobs_step was made so.
-@pytest.mark.parametrize(("queues", "slots", "pending", "finished"), [(1, 64, 192, 20_000), (40, 1, 3, 20_000)])
+# that is not linear in the batch was chosen before jobs_step was made so:
+# the first two by the outcome statement (030), the third, of queues of a
+# hundred jobs, by the heads' lookup (031), which read every due job of a
+# queue to claim its first.
+@pytest.mark.parametrize(
+    ("queues", "slots", "pending", "finished"), [(1, 64, 192, 20_000), (40, 1, 3, 20_000), (40, 1, 100, 5_000)]
+)
 def test_no_step_of_a_batch_handles_more_than_a_few_rows_an_ask(db, database_url, queues, slots, pending, finished):
     """A busy batch (each slot's outcome with its next claim) of one queue of
-    64 slots, and of 40 queues of one slot, their pending jobs beside the
-    finished rows of a table in use and the table's statistics read (as
-    autovacuum keeps them)."""
+    64 slots, and of 40 queues of one slot (short queues and longer ones),
+    their pending jobs beside the finished rows of a table in use and the
+    table's statistics read (as autovacuum keeps them)."""
     names = [f"bp{n:02d}" for n in range(queues)]
     insert_many(db, [Job(q, "bp.N") for _ in range(pending) for q in names])
     db.exec(
