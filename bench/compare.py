@@ -785,15 +785,17 @@ def print_settings(result: dict[str, Any], names: list[str]) -> None:
         side = result["sides"][name]
         print(f"  {name}: {side['settings']}")
         for workload, label in side["chosen"].items():
-            tried = {}
-            for run in side["runs"]:
-                if run["workload"] == workload and "jobs_per_s" in run["result"]:
-                    tried.setdefault(run["setting"], []).append(run["result"]["jobs_per_s"])
+            # The sweep is the first round, where every setting ran: the
+            # chosen one's later rounds are in the table's median, not here.
+            tried = {
+                run["setting"]: run["result"]["jobs_per_s"]
+                for run in side["runs"]
+                if run["workload"] == workload and run["round"] == 1 and "jobs_per_s" in run["result"]
+            }
             line = f"    {workload}. {WORKLOADS[workload]}: {label}"
             if len(tried) > 1:
-                line += (
-                    " (best of: " + "; ".join(f"{s} {statistics.median(v):,.0f}" for s, v in tried.items()) + " jobs/s)"
-                )
+                swept_rates = "; ".join(f"{s} {v:,.0f}" for s, v in tried.items())
+                line += f" (the first round's sweep: {swept_rates} jobs/s)"
             elif workload in "13" and not swept and name != "ours":
                 line += " (the recorded sweep's best: see below)"
             print(line)
