@@ -52,9 +52,17 @@ def nodes_of_plans(conn, cur, asks: list[Ask]) -> tuple[list[tuple], list[tuple[
 # that is not linear in the batch was chosen before jobs_step was made so:
 # the first two by the outcome statement (030), the third, of queues of a
 # hundred jobs, by the heads' lookup (031), which read every due job of a
-# queue to claim its first.
+# queue to claim its first; the last two, of a queue with a backlog, by the
+# heads' lock (032), which read the whole table to lock a few heads.
 @pytest.mark.parametrize(
-    ("queues", "slots", "pending", "finished"), [(1, 64, 192, 20_000), (40, 1, 3, 20_000), (40, 1, 100, 5_000)]
+    ("queues", "slots", "pending", "finished"),
+    [
+        (1, 64, 192, 20_000),
+        (40, 1, 3, 20_000),
+        (40, 1, 100, 5_000),
+        (1, 16, 5_000, 20_000),
+        (1, 1, 5_000, 5_000),
+    ],
 )
 def test_no_step_of_a_batch_handles_more_than_a_few_rows_an_ask(db, database_url, queues, slots, pending, finished):
     """A busy batch (each slot's outcome with its next claim) of one queue of
