@@ -20,7 +20,9 @@ once a round and going first in turn, the median reported:
      (bench/step_cost.py: jobs_step_one from a plain psycopg2 loop, no
      worker), which bounds what any worker around that statement can reach;
   2. one queue, as fast as the side goes: its own sweep of settings (all in
-     the first round, the best in the others);
+     the first round, the best in the others); for ours, also one queue's
+     batch statement alone (jobs_step, 256 slots a batch, from the same
+     loop), which bounds any worker that sends one batch at a time;
   3. --jobs over 40 queues, one job at a time each: jobs/s, database
      transactions per job, and the connections held at peak;
   4. commit-to-start latency while idle: another process enqueues one job per
@@ -83,7 +85,10 @@ UNSET = ("JOBS_LEASE_SECONDS", "SENTRY_DSN", "JOBS_ADMIN_TOKEN")
 READY_TIMEOUT = 60.0
 READY_SETTLE = 2.0  # seconds after the worker's first connection before producing
 RECORDED_TIMEOUT = 15.0  # from the last handler start to its outcome in the table
-STEP_ALONE_STEPS, STEP_ALONE_ROUNDS = 2000, 3  # the serial step alone: about 3 s
+# Ours alone, by workload: bench/step_cost.py's path, and its jobs a round
+# (each about 1 s); three rounds.
+STEP_ALONE = {"1": ("jobs_step_one", 2000), "2": ("jobs_step (256 slots a batch), a job", 25_600)}
+STEP_ALONE_ROUNDS = 3
 
 
 # ---------------------------------------------------------------- the sides
@@ -413,12 +418,14 @@ class Latency:
     max_ms: float | None = None
 
 
-def measure_step_alone(server: Server) -> float:
-    """Serial steps a second of jobs_step_one run by a plain psycopg2 loop, as
-    the group commit sends them (bench/step_cost.py), on a fresh database."""
+def measure_step_alone(server: Server, workload: str) -> float:
+    """Jobs a second of the workload's statement (STEP_ALONE) run by a plain
+    psycopg2 loop, as the group commit sends it (bench/step_cost.py), on a
+    fresh database."""
+    path, steps = STEP_ALONE[workload]
     with scratch_database(server) as scratch:
-        found = step_cost.measure(scratch.url, STEP_ALONE_STEPS, STEP_ALONE_ROUNDS, ["jobs_step_one"])
-    return float(found["jobs_step_one"]["steps_per_s"])
+        found = step_cost.measure(scratch.url, steps, STEP_ALONE_ROUNDS, [path])
+    return float(found[path]["steps_per_s"])
 
 
 def measure_latency(side: Side, server: Server, setting: Setting, samples: int) -> Latency:
@@ -526,8 +533,9 @@ class SideResult:
     runs: list[Run] = field(default_factory=list)  # every round's, every setting's
     chosen: dict[str, str] = field(default_factory=dict)  # workload -> the setting reported
     medians: dict[str, Any] = field(default_factory=dict)  # workload -> the median of the chosen setting's runs
-    step_alone_rounds: list[float] = field(default_factory=list)  # ours, workload 1: the serial step alone
-    step_alone: float | None = None
+    # Ours, workloads 1 and 2: the statement alone (STEP_ALONE), each round's and their median.
+    step_alone_rounds: dict[str, list[float]] = field(default_factory=dict)
+    step_alone: dict[str, float] = field(default_factory=dict)
 
 
 WORKLOADS = {
@@ -597,9 +605,9 @@ def run_rounds(
                 result.runs.append(
                     Run(workload, turn + 1, setting.label, measure_one(workload, sides[name], setting, server, args))
                 )
-                if workload == "1" and name == "ours":
-                    say(name, "workload 1: the serial step alone, no worker")
-                    result.step_alone_rounds.append(measure_step_alone(server))
+                if workload in STEP_ALONE and name == "ours" and setting == settings[name][-1]:
+                    say(name, f"workload {workload}: {STEP_ALONE[workload][0]} alone, no worker")
+                    result.step_alone_rounds.setdefault(workload, []).append(measure_step_alone(server, workload))
             if len(settings[name]) > 1:
                 best = max((r for r in result.runs if r.workload == workload), key=lambda r: rate(r.result))
                 settings[name] = [s for s in settings[name] if s.label == best.setting]
@@ -609,8 +617,8 @@ def run_rounds(
         result.medians[workload] = median(
             [r.result for r in result.runs if (r.workload, r.setting) == (workload, label)]
         )
-        if result.step_alone_rounds:
-            result.step_alone = statistics.median(result.step_alone_rounds)
+        if workload in result.step_alone_rounds:
+            result.step_alone[workload] = statistics.median(result.step_alone_rounds[workload])
 
 
 def median(runs: list[Any]) -> Any:
@@ -830,20 +838,23 @@ def print_serial_shares(result: dict[str, Any], names: list[str]) -> None:
 
 
 def print_step_alone(result: dict[str, Any], rows: list[Row]) -> None:
-    """The serial step with no worker around it, against the same peers: the
-    most the serial row's ratio could be with that statement."""
-    alone = result["sides"].get("ours", {}).get("step_alone")
-    serial = next((row for row in rows if row.label == ROWS[0][0]), None)
-    if not alone or serial is None:
-        return
-    _, best = ratio(Row(serial.label, True, {**serial.values, "ours": alone}))
-    line = f"  the serial step alone (jobs_step_one, no worker): {alone:,.0f} steps/s"
-    if best is not None:
-        line += f", {best:.2f} x the best peer"
-    ours = serial.values.get("ours")
-    if ours:
-        line += f"; the worker runs at {ours / alone:.2f} of it"
-    print(line)
+    """Each statement with no worker around it, against the same peers: the
+    most its row's ratio could be with that statement."""
+    found = result["sides"].get("ours", {}).get("step_alone") or {}
+    for workload, (path, _) in STEP_ALONE.items():
+        alone = found.get(workload)
+        label = next(r[0] for r in ROWS if r[1] == workload)
+        row = next((row for row in rows if row.label == label), None)
+        if not alone or row is None:
+            continue
+        _, best = ratio(Row(row.label, True, {**row.values, "ours": alone}))
+        line = f"  {WORKLOADS[workload]}: {path.removesuffix(', a job')} alone (no worker) {alone:,.0f} jobs/s"
+        if best is not None:
+            line += f", {best:.2f} x the best peer"
+        ours = row.values.get("ours")
+        if ours:
+            line += f"; the worker runs at {ours / alone:.2f} of it"
+        print(line)
 
 
 def print_rounds(result: dict[str, Any], names: list[str]) -> None:

@@ -1,22 +1,27 @@
 """What one step of a serial queue costs the server: a job's outcome and the
 next claim, sent as the group commit sends a lone ask (jobs_step_one) and as
-a batch of one through jobs_step; and what a batch of 40 queues' steps costs
-(jobs_step, as a busy 40-queue worker sends them).
+a batch of one through jobs_step; what a batch of 40 queues' steps costs
+(jobs_step, as a busy 40-queue worker sends them); and what a batch of one
+queue's 256 slots costs, which bounds one queue at its fastest.
 
 Run from the project root:  .venv/bin/python bench/step_cost.py [--steps 3000] [--rounds 4]
 
-On a scratch database, for each function, a queue of pending no-op jobs worked one at a time
-by a plain psycopg2 connection (no gevent, no pool: only the statement and
-its commit), each step the previous job's outcome with the next claim, one
-round trip and one commit. The two take turns, --rounds times --steps steps
-each, so the machine's load falls on both alike. For each: steps a second
-(and as a share of the commit rate) and the backend's CPU a step, read from
-/proc when the server runs on this machine (else n/a). The batch row works 40
-queues at once, each batch every queue's outcome with its next claim; its
-steps are jobs, and its CPU is a job's share of the batch's.
+On a scratch database, for each path, queues of pending no-op jobs worked by
+a plain psycopg2 connection (no gevent, no pool: only the statement and its
+commit), each call every slot's outcome with its next claim, one round trip
+and one commit. The paths take turns, --rounds times --steps jobs each, so
+the machine's load falls on all alike. For each: jobs a second (and as a
+share of the commit rate) and the backend's CPU a job, read from /proc when
+the server runs on this machine and the run is long enough to read in its
+10 ms ticks (else n/a). The serial rows work one queue of one slot; the batch
+rows 40 queues of one slot, or one queue of 256 slots, their CPU a job's
+share of the batch's. A worker sends one batch at a time (a queue's claims
+take its turn), so the last row bounds one queue's jobs a second whatever
+the worker's own speed.
 
-bench/compare.py runs the jobs_step_one loop too, next to the worker's own
-serial run: what the statement alone allows, in the same run as the peers.
+bench/compare.py runs the jobs_step_one loop and the 256-slot one too, next
+to the worker's serial and one-queue runs: what the statement alone allows,
+in the same run as the peers.
 """
 
 from __future__ import annotations
@@ -37,23 +42,31 @@ from bench.harness import CommitRate, Server, add_pgbench_seconds, process_cpu_s
 from lib.store.group_commit import Ask, batch_step, lone_step
 from lib.store.sql import STATEMENTS
 
-# Each path: how its asks become one statement, and how many queues (one ask
-# each) go in every call.
-PATHS: dict[str, tuple[Callable[[list[Ask]], tuple[str, dict[str, Any]]], int]] = {
-    "jobs_step_one": (lambda asks: lone_step(asks[0]), 1),
-    "jobs_step (a batch of one)": (batch_step, 1),
-    "jobs_step (40 queues a batch), a job": (batch_step, 40),
+# Each path: how its asks become one statement, and how many queues and
+# slots a queue (one ask each) go in every call.
+PATHS: dict[str, tuple[Callable[[list[Ask]], tuple[str, dict[str, Any]]], int, int]] = {
+    "jobs_step_one": (lambda asks: lone_step(asks[0]), 1, 1),
+    "jobs_step (a batch of one)": (batch_step, 1, 1),
+    "jobs_step (40 queues a batch), a job": (batch_step, 40, 1),
+    "jobs_step (256 slots a batch), a job": (batch_step, 1, 256),
 }
-WARMUP = 200  # untimed steps first: the statements are prepared and planned
+MIN_CPU_SECONDS = 0.1
+WARMUP = 200  # untimed jobs first (ten calls at least): the statements are prepared and planned
 
 
 class Stepper:
-    """Queues worked one job at a time each, every queue's step in one call."""
+    """Queues worked `slots` jobs at a time each, every slot's step in one call."""
 
     def __init__(
-        self, url: str, queues: list[str], build: Callable[[list[Ask]], tuple[str, dict[str, Any]]], jobs: int
+        self,
+        url: str,
+        queues: list[str],
+        build: Callable[[list[Ask]], tuple[str, dict[str, Any]]],
+        jobs: int,
+        slots: int = 1,
     ) -> None:
         self.queues, self.build = queues, build
+        self.asks = [(queue, slot) for queue in queues for slot in range(slots)]
         self.conn = psycopg2.connect(url)
         self.conn.autocommit = True
         self.cur = self.conn.cursor()
@@ -66,12 +79,12 @@ class Stepper:
             )
         self.cur.execute("VACUUM ANALYZE jobs")
         self.prepared: set[str] = set()
-        # Each queue's job in hand: its outcome goes with the queue's next claim.
-        self.rows: dict[str, tuple[Any, ...]] = {}
+        # Each slot's job in hand: its outcome goes with the slot's next claim.
+        self.rows: dict[tuple[str, int], tuple[Any, ...]] = {}
 
-    def ask(self, queue: str) -> Ask:
-        claim = {"queue": queue, "slot": 0, "worker_id": "bench", "lease": 300.0, "max_attempts": 5, "id": None}
-        row = self.rows.get(queue)
+    def ask(self, queue: str, slot: int) -> Ask:
+        claim = {"queue": queue, "slot": slot, "worker_id": "bench", "lease": 300.0, "max_attempts": 5, "id": None}
+        row = self.rows.get((queue, slot))
         outcome = None
         if row is not None:
             outcome = {
@@ -88,16 +101,17 @@ class Stepper:
         return Ask(outcome, claim)
 
     def step(self) -> None:
-        sql, params = self.build([self.ask(queue) for queue in self.queues])
+        sql, params = self.build([self.ask(queue, slot) for queue, slot in self.asks])
         # Prepared, as the pool runs it.
         stmt = STATEMENTS[sql]
         if stmt.name not in self.prepared:
             self.cur.execute(stmt.prepare)
             self.prepared.add(stmt.name)
         self.cur.execute(stmt.execute, [params[name] for name in stmt.params])
-        claimed = {row[0]: row for row in self.cur.fetchall() if row[0] is not None and row[2] is not None}
-        if len(claimed) < len(self.queues):
-            raise SystemExit(f"{self.queues[0]}...: a queue ran dry or claimed nothing: {claimed}")
+        rows = self.cur.fetchall()
+        claimed = {(row[0], row[10]): row for row in rows if row[0] is not None and row[2] is not None}
+        if len(claimed) < len(self.asks):
+            raise SystemExit(f"{self.queues[0]}...: a queue ran dry or a slot claimed nothing: {len(claimed)} claimed")
         self.rows = claimed
 
     def timed(self, steps: int) -> tuple[float, float | None]:
@@ -113,18 +127,21 @@ class Stepper:
 
 
 def measure(url: str, steps: int, rounds: int, paths: list[str] | None = None) -> dict[str, dict[str, Any]]:
-    """Each of paths (default: all of PATHS), by label: steps, steps_per_s, server_cpu_ms (None: not visible)."""
+    """Each of paths (default: all of PATHS), by label: steps, steps_per_s,
+    server_cpu_ms (None: not visible, or too little to read)."""
     labels = paths or list(PATHS)
-    # As many jobs a round as a serial path's steps: a path of several queues
+    # As many jobs a round as a serial path's steps: a path of several asks
     # makes a call for each of them.
-    calls = {label: max(1, steps // PATHS[label][1]) for label in labels}
+    width = {label: PATHS[label][1] * PATHS[label][2] for label in labels}
+    calls = {label: max(1, steps // width[label]) for label in labels}
+    warmups = {label: max(10, WARMUP // width[label]) for label in labels}
     steppers = {}
     for n, label in enumerate(labels):
-        build, width = PATHS[label]
-        queues = [f"step{n}_{q:02d}" for q in range(width)]
-        steppers[label] = Stepper(url, queues, build, WARMUP + calls[label] * rounds + 10)
-    for stepper in steppers.values():
-        for _ in range(WARMUP):
+        build, queues, slots = PATHS[label]
+        names = [f"step{n}_{q:02d}" for q in range(queues)]
+        steppers[label] = Stepper(url, names, build, (warmups[label] + calls[label] * rounds + 10) * slots, slots)
+    for label, stepper in steppers.items():
+        for _ in range(warmups[label]):
             stepper.step()
     walls = dict.fromkeys(steppers, 0.0)
     cpus: dict[str, float | None] = dict.fromkeys(steppers, 0.0)
@@ -136,8 +153,9 @@ def measure(url: str, steps: int, rounds: int, paths: list[str] | None = None) -
             cpus[label] = None if cpu is None or so_far is None else so_far + cpu
     found = {}
     for label, cpu in cpus.items():
-        done = calls[label] * PATHS[label][1] * rounds
-        cpu_ms = None if cpu is None else 1000 * cpu / done
+        done = calls[label] * width[label] * rounds
+        # /proc counts CPU in ticks of 10 ms: a few of them say little.
+        cpu_ms = None if cpu is None or cpu < MIN_CPU_SECONDS else 1000 * cpu / done
         found[label] = {"steps": done, "steps_per_s": done / walls[label], "server_cpu_ms": cpu_ms}
     return found
 
@@ -145,8 +163,8 @@ def measure(url: str, steps: int, rounds: int, paths: list[str] | None = None) -
 def print_table(result: dict[str, Any]) -> None:
     rate = result["commit_rate"]["tps"]
     print()
-    header = f"{'one serial step (outcome + next claim)':40} {'steps/s':>9} {'of commit rate':>15}"
-    print(f"{header} {'server CPU/step':>16}")
+    header = f"{'a job (its outcome + the next claim)':40} {'jobs/s':>9} {'of commit rate':>15}"
+    print(f"{header} {'server CPU/job':>16}")
     for label, found in result["paths"].items():
         cpu = "n/a" if found["server_cpu_ms"] is None else f"{found['server_cpu_ms']:.3f} ms"
         print(f"{label:40} {found['steps_per_s']:9,.0f} {found['steps_per_s'] / rate:15.2f} {cpu:>16}")
