@@ -12,6 +12,7 @@ from lib.background import worker_registry
 from lib.background.leases import Leases, new_worker_id
 from lib.insert import insert
 from lib.run.runtime import Runtime
+from lib.store.sql import Q
 
 
 def test_a_worker_id_is_made_per_start_not_per_import(db):
@@ -140,3 +141,26 @@ def test_an_idle_lease_keeper_sends_one_rescue_a_lease(db):
         keeper.get(timeout=5)
     assert 2 <= idle <= 4
     assert busy >= 4
+
+
+def test_a_renewal_rewrites_no_index_entry_of_its_rows(db):
+    """A renewal changes lease_until alone, which no index holds, so each row
+    is renewed in place (a HOT update): a worker renewing its running rows
+    every few seconds adds no entries to the table's indexes, the GIN index
+    of args among them."""
+    for _ in range(3):
+        insert(db, "q", "q.N")
+    db.exec(
+        "UPDATE jobs SET status = 'started', attempts = 1, worker_id = 'w', slot = id, "
+        "started_at = now(), lease_until = now() + interval '30 seconds'"
+    )
+    ids = [row[0] for row in db.query("SELECT id FROM jobs ORDER BY id")]
+    counts = "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_xact_user_tables WHERE relname = 'jobs'"
+    with db.transaction() as tx:
+        # This backend's counts, which may hold its earlier transactions' too
+        # until they are reported: the renewal's are the difference.
+        before = tx.query_row(counts)
+        renewed = tx.query(Q.job_heartbeat, {"lease": 30, "worker_id": "w", "ids": ids})
+        after = tx.query_row(counts)
+    assert sorted(row[0] for row in renewed) == ids
+    assert (after[0] - before[0], after[1] - before[1]) == (3, 3)

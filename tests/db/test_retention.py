@@ -98,6 +98,37 @@ def test_claim_stays_on_its_index_with_many_finished_rows(db, database_url):
     assert count_jobs(db, "status = 'started'") == 0
 
 
+def test_the_rescue_reads_the_started_rows_alone_with_many_finished_rows(db):
+    """The rescue looks among the started rows (one a running job) through
+    the partial index of started rows: with 50,000 finished rows beside two
+    started ones, one of them lost, it touches a handful of pages where
+    reading the finished rows would touch hundreds."""
+    db.exec(
+        "INSERT INTO jobs (queue, name, status, finished_at) "
+        "SELECT 'big', 'big.N', 'ok', now() FROM generate_series(1, 50000)"
+    )
+    lost = make_job(db, "big", status="started", lease_until=ago(seconds=60), max_attempts=3).id
+    make_job(db, "other", status="started")
+    db.exec("ANALYZE jobs")
+    pages = db.query_row("SELECT relpages FROM pg_class WHERE relname = 'jobs'")[0]
+    params = {"worker_id": "rescuer", "held": [], "skip": [], "only": None, "legacy_age": 3600}
+    with db.connection() as conn, conn.cursor() as cur:
+        conn.autocommit = False
+        try:
+            cur.execute("EXPLAIN (ANALYZE, BUFFERS) " + cur.mogrify(Q.job_rescue, params).decode())
+            plan = "\n".join(row[0] for row in cur.fetchall())
+            cur.execute("SELECT id FROM jobs WHERE status = 'pending'")
+            rescued = [row[0] for row in cur.fetchall()]
+        finally:
+            conn.rollback()
+            conn.autocommit = True
+    # The statement's own line, which counts what its parts touched.
+    touched = sum(int(n) for n in re.findall(r"(?:hit|read)=(\d+)", plan.splitlines()[1]))
+    assert rescued == [lost]
+    assert pages > 300, pages  # what reading the finished rows would cost
+    assert touched < 60, (touched, plan)
+
+
 def test_retention_deletes_every_row_of_an_instant_a_batch_boundary_splits(db):
     """Each batch starts at the newest finished_at the last one deleted and
     takes that instant's rows again: with batches of two, the three rows that
