@@ -57,6 +57,10 @@ NO_HTTP = Settings(http_addr=None)
 # pollers' claims and outcomes share the group commit's one (lib/store/group_commit.py).
 POOL_BUFFER = 4
 
+# How long the pollers interrupted at the end of the shutdown window have to
+# write their outcomes (an interrupted job's, or one already on its way).
+FINAL_WRITES = 30.0
+
 
 def main(
     registry: Registry | Callable[[Settings], Registry],
@@ -455,8 +459,8 @@ def run(
     left = [g for g in greenlets if not g.dead]
     if left:
         log.warning("shutdown window closed; interrupting %d running jobs", len(left))
-        gevent.killall(left, timeout=10)
-    runtime.writers.join(timeout=30)
+        # A poller writing an outcome is killed once the write has landed.
+        runtime.kills.kill(left, timeout=FINAL_WRITES)
     gevent.killall(helpers)
     worker_registry.unregister(db, leases.worker_id)
     log.info("stopped")

@@ -84,8 +84,7 @@ class Poller:
             self.completer,
             self.claimer,
             self.leases,
-            concurrency=concurrency,
-            group=runtime.writers,
+            kills=runtime.kills,
             release=self.releaser.release,
         )
 
@@ -100,23 +99,16 @@ class Poller:
 
     def poll(self, stop: Event) -> None:
         """Work due jobs in order until stop is set (every slot; the worker
-        runs each slot under its supervisor instead)."""
-        if self.concurrency == 1:
-            self.run_slot(stop, 0)
-            return
+        runs each slot under its supervisor instead). Each slot runs in a
+        greenlet of its own, so that a kill of this one waits out the
+        slots' writes (lib/greenlets/kills.py)."""
         slots = [gevent.spawn(self.run_slot, stop, slot) for slot in range(self.concurrency)]
         try:
             gevent.joinall(slots, raise_error=True)
         finally:
-            gevent.killall(slots)
+            self.runtime.kills.kill(slots)
 
     def run_slot(self, stop: Event, slot: int) -> None:
-        try:
-            self._run_slot(stop, slot)
-        finally:
-            self.writer.close(slot)
-
-    def _run_slot(self, stop: Event, slot: int) -> None:
         wakeup = self._wakeups[slot]
         retry = Backoff(cap=self.poll_interval)
         # What the last outcome's write found when it looked for the next job:
@@ -240,7 +232,7 @@ class Poller:
             # Cleared before that claim, as in the loop: a wake that lands after it is not lost.
             wakeup.clear()
         try:
-            found = self.writer.write(job, slot, outcome, delay, slot if look else None)
+            found = self.writer.write(job, outcome, delay, slot if look else None)
         finally:
             # Held (renewed, and never rescued by this worker) until the
             # outcome is written or given up on.

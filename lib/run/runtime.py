@@ -1,14 +1,13 @@
 """What a worker's pollers share: the lease keeper (its worker id, lease
-length, renewal and fence), the report of a database outage, the group the
-outcome writers run in, the completer, and the cap on their fallback poll."""
+length, renewal and fence), the report of a database outage, the kills that
+wait out an outcome's write, the completer, and the cap on their fallback poll."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import gevent.pool
-
 from lib.background.leases import Leases
+from lib.greenlets.kills import Kills
 from lib.run.completer import Completer
 from lib.setup.errors import Outage
 from lib.store.db import DB
@@ -22,10 +21,9 @@ class Runtime:
     # One report for an outage of the database, whichever part meets it;
     # None: each poller reports its own.
     outage: Outage | None = None
-    # Outcome writes run in greenlets of this group, so that killing a poller
-    # at the end of the shutdown window cannot cut a write in half; the worker
-    # waits for the group before it exits.
-    writers: gevent.pool.Group = field(default_factory=gevent.pool.Group)
+    # The shutdown kills pollers through these, so that a kill at the end of
+    # the shutdown window never cuts an outcome's write in half.
+    kills: Kills = field(default_factory=Kills)
     # The longest a poller sleeps between looks at its queue: shorter when no
     # LISTEN wakes it.
     poll_interval: float | None = None

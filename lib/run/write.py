@@ -11,12 +11,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import gevent
-import gevent.pool
-from gevent.event import AsyncResult
 
 from lib.background.leases import Leases
 from lib.greenlets.backoff import Backoff
-from lib.greenlets.standby import Standby
+from lib.greenlets.kills import Kills
 from lib.job import PendingJob
 from lib.job import status as st
 from lib.run.claim import Claimer, ClaimResult, claimed
@@ -27,40 +25,10 @@ from lib.store.db import Unsendable, is_data_error, is_server_error
 
 log = logging.getLogger("jobs")
 
-# How long a killed slot waits for its last write to land.
-FINALIZE_TIMEOUT = 30.0
 # An outcome that could not be written is sent again after these waits
 # (doubling, with jitter), for as long as the job's lease holds.
 WRITE_RETRY_BASE = 0.05
 WRITE_RETRY_CAP = 1.0
-
-
-class SlotWriter:
-    """One slot's outcome writes, each run in the slot's writer greenlet,
-    which stays for the slot's next job while it is busy. The greenlet lives
-    in `group`, which the worker waits for before it exits, so that killing a
-    poller at the end of the shutdown window cannot cut a write in half."""
-
-    def __init__(self, group: gevent.pool.Group) -> None:
-        self._queue: list[tuple[Callable[..., Any], tuple[Any, ...], AsyncResult]] = []
-        self.writer = Standby(self._run, lambda: bool(self._queue), group)
-
-    def submit(self, write: Callable[..., Any], *args: Any) -> AsyncResult:
-        """write(*args) in the writer greenlet; its answer, or what it raised."""
-        done = AsyncResult()
-        self._queue.append((write, args, done))
-        self.writer.ask()
-        return done
-
-    def _run(self) -> None:
-        while self._queue:
-            write, args, done = self._queue.pop(0)
-            try:
-                done.set(write(*args))
-            except BaseException as exc:
-                done.set_exception(exc)
-                if not isinstance(exc, Exception):
-                    raise  # the writer itself was killed (the process is ending)
 
 
 class Writer:
@@ -71,38 +39,31 @@ class Writer:
         claimer: Claimer,
         leases: Leases,
         *,
-        concurrency: int,
-        group: gevent.pool.Group,
+        kills: Kills,
         release: Callable[[PendingJob], None],
     ) -> None:
         self.queue = queue
         self.completer = completer
         self.claimer = claimer
         self.leases = leases
-        self._slots = [SlotWriter(group) for _ in range(concurrency)]
+        self._kills = kills
         # Gives back a job the write claimed for a slot that was killed meanwhile.
         self._release = release
 
-    def close(self, slot: int) -> None:
-        """Its last write goes on; the writer ends after it, not a moment later."""
-        self._slots[slot].writer.close()
-
-    def write(
-        self, job: PendingJob, slot: int, outcome: Outcome, delay: float, next_slot: int | None
-    ) -> ClaimResult | None:
-        """Write the outcome in the slot's writer greenlet; with next_slot,
-        together with the claim of that slot's next job, and what it found."""
-        written = self._slots[slot].submit(self._write, job, outcome, delay, next_slot)
+    def write(self, job: PendingJob, outcome: Outcome, delay: float, next_slot: int | None) -> ClaimResult | None:
+        """Write the outcome; with next_slot, together with the claim of that
+        slot's next job, and what it found. A kill that comes meanwhile (the
+        shutdown window closed) waits for the write to end."""
+        found: ClaimResult | None = None
         try:
-            return written.get()
+            with self._kills:
+                found = self._write(job, outcome, delay, next_slot)
         except BaseException:
-            # Killed while the write was under way (the shutdown window
-            # closed): let it land, and give back a job it claimed, which
-            # will now never run here.
-            written.wait(FINALIZE_TIMEOUT)
-            if written.successful() and written.value is not None and written.value.job is not None:
-                self._release(written.value.job)
+            # The kill held back: a job the write claimed will now never run here.
+            if found is not None and found.job is not None:
+                self._release(found.job)
             raise
+        return found
 
     def _write(self, job: PendingJob, outcome: Outcome, delay: float, next_slot: int | None) -> ClaimResult | None:
         """One update by primary key; with next_slot, sent together with the

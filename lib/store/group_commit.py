@@ -96,8 +96,8 @@ class Committer:
                 # Enough for a batch: it goes now, while the slots still
                 # running make the next one, so the server works on one
                 # batch while the worker runs the jobs of the other. Only
-                # an outcome's writer sends for others: the shutdown kills
-                # pollers, which ask claims alone, never writers.
+                # an outcome's writer sends for others: the shutdown's kill
+                # waits for a poller's outcome write (lib/greenlets/kills.py).
                 asks, self._asks = self._asks, []
                 self._batch(asks)
             else:

@@ -280,20 +280,20 @@ def calls_of(obj, name):
     return calls
 
 
-def test_a_serial_queue_sends_each_outcome_from_its_writer_without_the_sender(db):
+def test_a_serial_queue_sends_each_outcome_from_its_slot_without_the_sender(db):
     """Batches of one ask each (a serial queue): a job's outcome, with the
-    slot's next claim, goes from the greenlet that asked (the slot's writer),
-    with no hop to the sender and back."""
+    slot's next claim, goes from the slot's own greenlet, the one that ran
+    the job, with no hop to the sender or any other greenlet and back."""
     poller = make_poller("s", db, {"s.N": lambda job: "ok"})
     for _ in range(20):
         insert(db, "s", "s.N")
     batches = calls_of(poller.completer, "_commit")
-    writes = calls_of(poller.writer, "_write")
+    polling = calls_of(poller, "run_slot")
     poll_until([poller], lambda: count_jobs(db, "status = 'ok'") == 20)
     # The greenlet that sent each batch carrying an outcome: one a job, each alone.
     senders = [g for g, (asks,) in batches if any(ask.outcome is not None for ask in asks)]
     assert len(senders) == 20
-    assert set(senders) == {g for g, _ in writes} and len(set(senders)) == 1
+    assert set(senders) == {g for g, _ in polling} and len(polling) == 1
 
 
 def test_a_lone_outcome_cut_off_in_its_greenlet_leaves_the_committer_sending(db, database_url, monkeypatch):
@@ -384,24 +384,6 @@ def test_a_writer_that_makes_send_at_asks_sends_them_one_batch_on_its_way_at_a_t
     by_writers = [n for by_sender, n, _ in batches if not by_sender and n > 1]
     assert by_writers and min(by_writers) >= group_commit.SEND_AT
     assert count_jobs(db, "status = 'ok' AND attempts = 1") == 640
-
-
-def test_a_slot_writes_its_outcomes_from_one_greenlet_that_ends_with_the_slot(db, monkeypatch):
-    """Each outcome is written in a greenlet apart from the poller's (a kill
-    at the end of the shutdown window cannot cut it), the same one for every
-    job of a busy slot; when the slot stops, it ends at once, not a linger later."""
-    monkeypatch.setattr(lib.greenlets.standby, "LINGER", 30.0)
-    poller = make_poller("w", db, {"w.N": lambda job: "ok"})
-    for _ in range(10):
-        insert(db, "w", "w.N")
-    writes = calls_of(poller.writer, "_write")
-    polling = calls_of(poller, "run_slot")
-    poll_until([poller], lambda: count_jobs(db, "status = 'ok'") == 10)
-    writers = [g for g, _ in writes]
-    assert len(writers) == 10 and len(set(writers)) == 1
-    assert writers[0] not in [g for g, _ in polling]
-    # Gone from the group the worker waits for at shutdown, long before LINGER.
-    wait_for(lambda: writers[0].dead and len(poller.runtime.writers) == 0, timeout=2)
 
 
 def test_an_outcome_the_driver_cannot_send_fails_alone(db, runtime):

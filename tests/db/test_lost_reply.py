@@ -9,7 +9,6 @@ from gevent.event import Event
 from proxy import Proxy
 from tests_support import make_poller, wait_for
 
-import lib.run.write
 from lib.insert import insert
 from lib.run.poller import Poller
 from lib.run.runtime import Runtime
@@ -91,12 +90,11 @@ def test_a_job_whose_claim_reply_was_lost_runs_here(db, proxied):
     assert ran == [job_id]
 
 
-def test_a_claim_that_timed_out_on_a_row_lock_is_ended_not_orphaned(db, database_url, monkeypatch):
+def test_a_claim_that_timed_out_on_a_row_lock_is_ended_not_orphaned(db, database_url):
     """The outcome and the next claim time out waiting on a lock another
     session holds on the next row. The server would go on and commit that
     claim once the lock is released, for nobody; the worker ends that server
     process first, writes the outcome alone, and later claims the row itself."""
-    monkeypatch.setattr(lib.run.write, "FINALIZE_TIMEOUT", 1.0)
     ran = []
     poller = make_poller(
         "locked", db, {"locked.N": lambda job: ran.append(job.id) or "ok"}, runtime=Runtime.alone(db, lease=LONG_LEASE)

@@ -37,7 +37,7 @@ def test_unreachable_database_is_one_event_for_the_whole_outage(database_url, db
         # All three work through the proxy, and no outcome write is still
         # waiting for its answer: a write cut off by the outage would be a
         # failure of its own (reported apart) and hold its queue's slot.
-        _wait_for(lambda: count_jobs(db, "status = 'ok'") == 3 and len(runtime.writers) == 0)
+        _wait_for(lambda: count_jobs(db, "status = 'ok'") == 3 and not any(p.running for p in pollers))
         proxy.down()
         with caplog.at_level(logging.WARNING):
             # Every poller fails several cycles (the first retry comes after 1 s).

@@ -39,11 +39,14 @@ def _job(db: DB, job_id: int) -> dict:
 # The poller
 
 
-def test_a_poller_killed_during_its_finalize_gives_the_claimed_next_job_back(db, database_url):
+@pytest.mark.parametrize("killed", ["poll", "slot"])
+def test_a_poller_killed_during_its_finalize_gives_the_claimed_next_job_back(db, database_url, killed):
     """The shutdown window closes while a job's outcome is on its way with the
     claim of the slot's next job. The write lands, and the job it claimed,
     which will now never run here, is given back: pending, the attempt not
-    counted, for another worker to take at once."""
+    counted, for another worker to take at once. Killed are either a
+    poller's poll, with a plain kill, or its slot as the worker's shutdown
+    kills it, through the runtime's kills."""
     db.exec(
         "CREATE OR REPLACE FUNCTION held_finalize() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
         f"IF OLD.status = 'started' AND NEW.status = 'ok' THEN PERFORM pg_advisory_xact_lock_shared({GATE}); END IF; "
@@ -55,15 +58,20 @@ def test_a_poller_killed_during_its_finalize_gives_the_claimed_next_job_back(db,
     poller = make_poller("k", db, {"k.N": lambda job: ran.append(job.id) or "ok"}, poll_interval=60)
     try:
         with Gate(database_url, GATE) as gate, gevent.Timeout(20):
-            polling = gevent.spawn(poller.poll, Event())
+            if killed == "poll":
+                polling = gevent.spawn(poller.poll, Event())
+            else:
+                polling = gevent.spawn(poller.run_slot, Event(), 0)
             # The first job's outcome, sent with the claim of the second, waits at the gate.
             wait_for(lambda: waiting_on(db, "advisory"))
-            polling.kill(block=False)  # the shutdown window closed
-            # A yield, not a wait for time: the kill is a callback queued
-            # before this greenlet's own, so it has reached the poller when
-            # this one runs again, and the poller is still waiting for its write.
-            gevent.sleep(0)
-            assert not polling.dead
+            # The shutdown window closed.
+            if killed == "poll":
+                polling.kill(block=False)
+            else:
+                gevent.spawn(poller.runtime.kills.kill, [polling])
+            # Time for the kill to reach the slot, which is still waiting for its write.
+            gevent.sleep(0.2)
+            assert not polling.dead and waiting_on(db, "advisory")
             gate.open()
             polling.join()
         assert polling.dead
