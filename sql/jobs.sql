@@ -3,7 +3,7 @@
 -- has the pool send it with its values, planned for them on every run (lib/store/sql.py).
 
 -- name: job_insert
--- Enqueue one job: jobs_insert (migration 026); NULL when a unique index (dedupe) suppressed it.
+-- Enqueue one job: jobs_insert (migration 034), which sends the queue its NOTIFY itself; NULL when a unique index (dedupe) suppressed it.
 SELECT jobs_insert(%(queue)s::text, %(name)s::text, %(args)s::jsonb, %(callsite)s::text,
                    %(run_at)s::timestamptz, %(priority)s::int, %(max_attempts)s::int, %(key)s::text)
 

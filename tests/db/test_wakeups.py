@@ -98,6 +98,38 @@ def test_set_based_enqueue_wakes_once(db, listening):
     assert _settled(db, recorder) == ["bulk"]
 
 
+def _trigger_calls(tx) -> int:
+    """Runs of the statement trigger jobs_inserted so far in this transaction
+    (track_functions = 'pl' set in it)."""
+    (calls,) = tx.query_row(
+        "SELECT coalesce(sum(calls), 0)::int FROM pg_stat_xact_user_functions WHERE funcname = 'jobs_inserted'"
+    )
+    return calls
+
+
+def test_a_one_job_insert_wakes_its_queue_itself_and_other_writers_still_run_the_trigger(db, listening):
+    """lib.insert's one-job insert notifies by itself and passes the statement
+    trigger over; the mark that lets it do so holds only inside its call, so
+    a plain INSERT right after it in the same transaction runs the trigger."""
+    _, recorder = listening
+    with db.transaction() as tx:
+        tx.exec("SET LOCAL track_functions = 'pl'")
+        insert(tx, "one", "one.N")
+        assert _trigger_calls(tx) == 0
+        tx.exec("INSERT INTO jobs (queue, name) VALUES ('plain', 'plain.N')")
+        assert _trigger_calls(tx) == 1
+    assert sorted(_settled(db, recorder)) == ["one", "plain"]
+
+
+def test_a_duplicate_the_dedupe_index_suppressed_wakes_nobody(db, listening):
+    _, recorder = listening
+    db.exec("INSERT INTO job_dedupe_names VALUES ('dup', 'dup.N')")
+    assert insert(db, "dup", "dup.N", {"n": 1}) is not None
+    assert _settled(db, recorder) == ["dup"]
+    assert insert(db, "dup", "dup.N", {"n": 1}) is None
+    assert _settled(db, recorder) == ["dup"]
+
+
 def test_a_finished_job_wakes_nobody_but_a_handover_does(db, listening):
     _, recorder = listening
     db.exec("INSERT INTO jobs (queue, name) VALUES ('plain', 'plain.N'), ('plain', 'plain.N')")
