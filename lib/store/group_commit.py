@@ -7,11 +7,12 @@ to wait for company, and the asks made in this turn go together (a queue's
 slots, starting at once, claim in one statement). The sender (lib/greenlets/standby.py)
 sends it, and stays a moment for the next batch. While one batch is on its
 way, the asks that arrive meanwhile wait for it and then go together, so
-under load a batch grows by itself; with none on its way, SEND_AT asks go at
-once from the writer whose outcome makes them that many. When batches carry one ask each (a
-serial queue, an idle worker), a job's outcome goes at once from the
-greenlet that asked, without the hop to the sender and back: outcomes come
-one at a time as jobs end, not in a burst of one turn. A batch of one goes
+under load a batch grows by itself; with none on its way, SEND_AT asks of
+one queue go at once from the writer whose outcome makes them that many.
+When batches carry one ask each (a serial queue, an idle worker), a job's
+outcome goes at once from the greenlet that asked, without the hop to the
+sender and back: outcomes come one at a time as jobs end, not in a burst of
+one turn. A batch of one goes
 as jobs_step_one, each field a plain value: the same rules for one ask, the
 functions both call (migration 022).
 
@@ -24,6 +25,7 @@ the connection an outcome needs.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,10 +43,15 @@ log = logging.getLogger("jobs.commit")
 # hashtext(queue)): the key jobs_queue_turn (migration 022) takes.
 QUEUE_TURN_KEY = 1785684595
 
-# Asks that make a batch worth sending at once, not on the sender's turn:
-# under load the slots then settle into two batches that take turns, one at
-# the server while the other's jobs run (at 64 slots, one batch of all of
-# them leaves the worker idle while the server works, and the other way round).
+# Asks of one queue that make a batch worth sending at once, not on the
+# sender's turn: under load a queue's slots then settle into two batches that
+# take turns, one at the server while the other's jobs run (at 64 slots, one
+# batch of all of them leaves the worker idle while the server works, and the
+# other way round). Its slots' claims share one read of the queue, so the
+# server's part of a job is about the worker's, and overlapping them pays.
+# Asks of many queues claim each its own way, the server's part is the
+# larger, and they go together on the sender's turn: a second statement a
+# turn costs them more than the overlap gives.
 SEND_AT = 16
 
 # Seconds a batch may take before it counts as unanswered (the server or the
@@ -73,6 +80,7 @@ class Committer:
         self.db = db
         self.timeout = timeout
         self._asks: list[Ask] = []
+        self._of_queue: Counter[str | None] = Counter()  # the asks waiting, by the queue they claim for
         self._in_flight = False  # a batch is on its way
         self._alone = True  # the last batch carried one ask: the next outcome may go at once
         # The sender: it stays a moment for the next batch (a busy worker
@@ -90,16 +98,17 @@ class Committer:
         ask = Ask(outcome, claim)
         if outcome is None or self._in_flight or self._asks or not self._alone:
             self._asks.append(ask)
+            queue = None if claim is None else claim["queue"]
+            self._of_queue[queue] += 1
             if self._in_flight:
                 pass  # the batch on its way asks the sender once it is back
-            elif outcome is not None and len(self._asks) >= SEND_AT:
+            elif outcome is not None and self._of_queue[queue] >= SEND_AT:
                 # Enough for a batch: it goes now, while the slots still
                 # running make the next one, so the server works on one
                 # batch while the worker runs the jobs of the other. Only
                 # an outcome's writer sends for others: the shutdown's kill
                 # waits for a poller's outcome write (lib/greenlets/kills.py).
-                asks, self._asks = self._asks, []
-                self._batch(asks)
+                self._batch(self._take())
             else:
                 self._sender.ask()
         else:
@@ -109,8 +118,12 @@ class Committer:
     def _drain(self) -> None:
         # A writer may have sent what waited (SEND_AT) since the sender was asked.
         while self._asks and not self._in_flight:
-            asks, self._asks = self._asks, []
-            self._batch(asks)
+            self._batch(self._take())
+
+    def _take(self) -> list[Ask]:
+        asks, self._asks = self._asks, []
+        self._of_queue.clear()
+        return asks
 
     def _batch(self, asks: list[Ask]) -> None:
         self._in_flight = True

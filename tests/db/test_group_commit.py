@@ -388,6 +388,28 @@ def test_a_writer_that_makes_send_at_asks_sends_them_one_batch_on_its_way_at_a_t
     assert count_jobs(db, "status = 'ok' AND attempts = 1") == 640
 
 
+def test_outcomes_of_many_queues_go_together_on_the_senders_turn(db, runtime):
+    """Under load, 24 queues of one slot each: more than SEND_AT asks wait at
+    once, but no queue has SEND_AT of them, so no writer sends for the others;
+    every batch goes on the sender's turn, and every job ends once."""
+    queues = [f"mq{i}" for i in range(24)]
+    pollers = [make_poller(q, db, {"mq.N": lambda job: "ok"}, runtime=runtime) for q in queues]
+    insert_many(db, [Job(q, "mq.N") for _ in range(20) for q in queues])
+    commit = runtime.completer
+    batches = []  # (sent by the sender, asks carried)
+    commit_batch = commit._commit
+
+    def noted(asks):
+        batches.append((gevent.getcurrent() is commit._sender._greenlet, len(asks)))
+        return commit_batch(asks)
+
+    commit._commit = noted
+    poll_until(pollers, lambda: count_jobs(db, "status = 'ok'") == 480)
+    assert max(n for _, n in batches) > group_commit.SEND_AT
+    assert all(by_sender for by_sender, n in batches if n > 1)
+    assert count_jobs(db, "status = 'ok' AND attempts = 1") == 480
+
+
 def test_an_outcome_the_driver_cannot_send_fails_alone(db, runtime):
     """A NUL in one outcome's traceback: the driver refuses the whole batch's
     text; the batch goes again ask by ask, and only that outcome is replaced."""
