@@ -12,9 +12,8 @@ one queue go at once from the writer whose outcome makes them that many.
 When batches carry one ask each (a serial queue, an idle worker), a job's
 outcome goes at once from the greenlet that asked, without the hop to the
 sender and back: outcomes come one at a time as jobs end, not in a burst of
-one turn. A batch of one goes
-as jobs_step_one, each field a plain value: the same rules for one ask, the
-functions both call (migration 022).
+one turn. A batch of one goes as jobs_step_one, each field a plain value:
+the same rules for one ask, the functions both call (migration 022).
 
 One batch is on its way at a time (a second beside it would meet the first
 on the same queue's turn and be told to come back later), on a connection
@@ -97,8 +96,8 @@ class Committer:
         in the next batch; raises what the batch raised."""
         ask = Ask(outcome, claim)
         if outcome is None or self._in_flight or self._asks or not self._alone:
-            self._asks.append(ask)
             queue = None if claim is None else claim["queue"]
+            self._asks.append(ask)
             self._of_queue[queue] += 1
             if self._in_flight:
                 pass  # the batch on its way asks the sender once it is back
