@@ -3,31 +3,31 @@
 -- has the pool send it with its values, planned for them on every run (lib/store/sql.py).
 
 -- name: job_insert
--- Enqueue one job: jobs_insert (migration 034), which sends the queue its NOTIFY itself; NULL when a unique index (dedupe) suppressed it.
+-- Enqueue one job: jobs_insert (sql/rules/insert.sql), which sends the queue its NOTIFY itself; NULL when a unique index (dedupe) suppressed it.
 SELECT jobs_insert(%(queue)s::text, %(name)s::text, %(args)s::jsonb, %(callsite)s::text,
                    %(run_at)s::timestamptz, %(priority)s::int, %(max_attempts)s::int, %(key)s::text)
 
 -- name: job_insert_many
--- Enqueue a list of jobs in one statement, each column a JSON array in the order given: jobs_insert_many (migration 026); suppressed duplicates return no id.
+-- Enqueue a list of jobs in one statement, each column a JSON array in the order given: jobs_insert_many (sql/rules/insert.sql); suppressed duplicates return no id.
 SELECT id FROM jobs_insert_many(%(callsite)s::text, %(queues)s::jsonb, %(names)s::jsonb, %(args)s::jsonb,
                                 %(run_ats)s::jsonb, %(priorities)s::jsonb, %(max_attempts)s::jsonb,
                                 %(keys)s::jsonb) AS id
 
 -- name: job_claim
--- Claim the queue's next due job (or the one asked for) for one slot: a lone claim (jobs_step_one, migration 022), in job_claimed_by's columns. With nothing claimed, one row of NULLs whose wait says how long until the queue may have work.
+-- Claim the queue's next due job (or the one asked for) for one slot: a lone claim (jobs_step_one, sql/rules/step.sql), in job_claimed_by's columns. With nothing claimed, one row of NULLs whose wait says how long until the queue may have work.
 SELECT id, name, args, attempts, max_attempts, callsite, latency, wait, slot
 FROM jobs_step_one(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
                    %(queue)s, %(slot)s, %(worker_id)s, %(lease)s, %(max_attempts)s, %(id)s)
 
 -- name: job_step_one
--- A group commit of one ask (lib/store/group_commit.py): an outcome (o_ parameters, all NULL for none) and/or one slot's claim (c_ parameters, all NULL for none), in job_step's columns. jobs_step_one (migration 022).
+-- A group commit of one ask (lib/store/group_commit.py): an outcome (o_ parameters, all NULL for none) and/or one slot's claim (c_ parameters, all NULL for none), in job_step's columns. jobs_step_one (sql/rules/step.sql).
 SELECT queue, worker_id, id, name, args, attempts, max_attempts, callsite, latency, wait, slot
 FROM jobs_step_one(%(o_id)s, %(o_worker_id)s, %(o_attempts)s, %(o_status)s, %(o_retry_in)s, %(o_last_error)s,
                    %(o_last_traceback)s, %(o_delay)s, %(o_uncounted)s,
                    %(c_queue)s, %(c_slot)s, %(c_worker_id)s, %(c_lease)s, %(c_max_attempts)s, %(c_id)s)
 
 -- name: job_step
--- One group commit of several asks (lib/store/group_commit.py): outcomes of any queues, then claims grouped by queue, in one round trip and one transaction: jobs_step (migration 022).
+-- One group commit of several asks (lib/store/group_commit.py): outcomes of any queues, then claims grouped by queue, in one round trip and one transaction: jobs_step (sql/rules/step.sql).
 SELECT queue, worker_id, id, name, args, attempts, max_attempts, callsite, latency, wait, slot
 FROM jobs_step(%(o_id)s::bigint[], %(o_worker_id)s::text[], %(o_attempts)s::int[], %(o_status)s::text[],
                %(o_retry_in)s::float8[], %(o_last_error)s::text[], %(o_last_traceback)s::text[],
@@ -130,6 +130,26 @@ SELECT version FROM schema_migrations ORDER BY version
 -- Note one migration as applied, in the transaction that applied it.
 INSERT INTO schema_migrations (version, name) VALUES (%(version)s, %(name)s)
 
+-- name: rules_due
+-- The rule files (sql/rules) whose text or version differs from what the database holds, in the order given; changed: the text does (its checksum is the server's, so a worker loads no digest of its own).
+SELECT f.file, r.checksum IS DISTINCT FROM encode(sha256(convert_to(f.text, 'UTF8')), 'hex') AS changed,
+       r.version AS version
+FROM unnest(%(files)s::text[], %(texts)s::text[]) WITH ORDINALITY AS f(file, text, n)
+LEFT JOIN schema_rules r ON r.file = f.file
+WHERE r.checksum IS DISTINCT FROM encode(sha256(convert_to(f.text, 'UTF8')), 'hex')
+   OR r.version IS DISTINCT FROM %(version)s
+ORDER BY f.n
+
+-- name: rules_newest
+-- The version of the newest release whose rules the database holds (0: none).
+SELECT coalesce(max(version), 0) FROM schema_rules
+
+-- name: rules_record
+-- Note a rule file as in force at this release's version, in the transaction that applied (or checked) it.
+INSERT INTO schema_rules (file, checksum, version)
+VALUES (%(file)s, encode(sha256(convert_to(%(text)s, 'UTF8')), 'hex'), %(version)s)
+ON CONFLICT (file) DO UPDATE SET checksum = excluded.checksum, version = excluded.version, applied_at = now()
+
 -- name: job_delete_finished
 -- Delete one batch of finished rows older than the retention age, oldest first from finished_at >= after (the last batch's newest; NULL: from the start); the rows deleted and the newest finished_at among them. Small batches hold no long lock, and pending or started rows are never touched.
 WITH gone AS (
@@ -175,7 +195,7 @@ ranked AS (
                                  ORDER BY c.finished_at DESC NULLS LAST, c.id DESC) AS newest,
          -- A live copy as jobs_dedupe sees it (its predicate: the index serves this look-up),
          -- the one the redriven row would collide with. A second started copy left unmarked
-         -- by a declaration (migration 009) is not one: an insert does not meet it either.
+         -- by a declaration (jobs_dedupe_mark) is not one: an insert does not meet it either.
          (SELECT min(o.id) FROM jobs o
           WHERE c.dedupe AND o.queue = c.queue AND o.name = c.name
             AND md5(o.args::text) = md5(c.args::text) AND o.dedupe AND o.status IN ('pending', 'started')) AS live

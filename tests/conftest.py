@@ -10,7 +10,7 @@ import pytest  # noqa: E402
 import sentry_sdk  # noqa: E402
 from programs import MISSING  # noqa: E402
 from sentry_sdk.transport import Transport  # noqa: E402
-from tests_support import scratch_database  # noqa: E402
+from tests_support import scratch_database, superuser_url  # noqa: E402
 
 from lib.run.runtime import Runtime  # noqa: E402
 from lib.setup import embedded, errors  # noqa: E402
@@ -69,6 +69,17 @@ def db(database_url: str) -> Iterator[DB]:
         "TRUNCATE jobs, cache_entries, job_queues, job_rates, job_dedupe_names, clock_ticks, workers, job_minutes"
         " RESTART IDENTITY"
     )
+    yield pool
+    pool.close()
+
+
+@pytest.fixture
+def admin_db(db: DB, database_url: str, server_url: str) -> Iterator[DB]:
+    """A pool on the run's database as the server's superuser, for what only
+    an administrator may do (turn triggers off for a bulk load, count function
+    calls, load auto_explain); the worker and the tests' own statements run as
+    the database's owner (db), as on a managed Postgres."""
+    pool = DB.connect(superuser_url(database_url, server_url), size=2, application_name="jobs-test-admin")
     yield pool
     pool.close()
 

@@ -56,22 +56,50 @@ def _with_database(url: str, name: str) -> str:
     return urlunsplit(parts._replace(path="/" + name))
 
 
+def _with_user(url: str, user: str) -> str:
+    """url connecting as another role (no password: the test servers trust their clients)."""
+    parts = urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{user}@{host}"))
+
+
 @contextmanager
-def scratch_database(server_url: str, prefix: str) -> Iterator[str]:
+def scratch_database(server_url: str, prefix: str, *, owner: bool = True) -> Iterator[str]:
     """The URL of a new, empty database on the server, dropped afterwards.
-    Here, not in conftest: a test module cannot import from conftest (another
-    folder's conftest.py may hold that module name)."""
+    With owner (the default), the URL connects as a role made for it that owns
+    the database and is no superuser, as a managed Postgres (RDS, Cloud SQL)
+    gives its user: what the worker does must work so. Here, not in conftest:
+    a test module cannot import from conftest (another folder's conftest.py
+    may hold that module name)."""
     name = f"{prefix}_{uuid.uuid4().hex[:10]}"
     admin = psycopg2.connect(server_url)
     admin.autocommit = True
     try:
         with admin.cursor() as cur:
-            cur.execute(f"CREATE DATABASE {name}")
-        yield _with_database(server_url, name)
+            if owner:
+                # Ending the server processes of its own role is all a managed
+                # role may do to others' sessions (pg_signal_backend lets it end
+                # any non-superuser's); the tests' clients of this database
+                # that stand in for other applications are this role too.
+                cur.execute(f"CREATE ROLE {name} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE")
+                cur.execute(f"CREATE DATABASE {name} OWNER {name}")
+                cur.execute(f"REVOKE ALL ON DATABASE {name} FROM PUBLIC")
+            else:
+                cur.execute(f"CREATE DATABASE {name}")
+        url = _with_database(server_url, name)
+        yield _with_user(url, name) if owner else url
         with admin.cursor() as cur:
             cur.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+            if owner:
+                cur.execute(f"DROP ROLE IF EXISTS {name}")
     finally:
         admin.close()
+
+
+def superuser_url(database_url: str, server_url: str) -> str:
+    """database_url as the server's own superuser (server_url's user): for what
+    a test does as the database's administrator, not as the worker."""
+    return urlunsplit(urlsplit(database_url)._replace(netloc=urlsplit(server_url).netloc))
 
 
 def count_jobs(db: DB, where: str = "TRUE") -> int:

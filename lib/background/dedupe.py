@@ -1,18 +1,18 @@
 """Declaring the queues' dedupe names at start without holding up running
-workers: a new name takes a lock on jobs (jobs_dedupe_declare, migration 009)
+workers: a new name takes a lock on jobs (jobs_dedupe_declare, sql/rules/dedupe.sql)
 that waits for every open transaction that wrote jobs, and every other
 writer of jobs waits behind it. The function gives up after a short
-lock_timeout (migration 020); what had to wait is tried again, with capped,
+lock_timeout; what had to wait is tried again, with capped,
 jittered backoff, in a supervised part of its own, while the worker runs.
 
 The queue may run meanwhile. A name already declared holds whatever any
 worker does: every insert reads job_dedupe_names in its own statement
-(jobs_insert, migration 015; the row trigger of 006 for other writers) and
+(jobs_insert; the row trigger for other writers: sql/rules/insert.sql) and
 the unique index jobs_dedupe refuses a second live copy. A name not yet
 declared is what it is before any worker declares it: its rows are written
 unmarked, and the declaration, when it commits, marks the live ones and
 skips their waiting copies, keeping a started copy, which cannot be taken
-back (jobs_dedupe_mark, migration 009).
+back (jobs_dedupe_mark).
 """
 
 from __future__ import annotations

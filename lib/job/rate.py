@@ -1,6 +1,6 @@
 """A queue's rate: how many jobs may start per period, in bursts of how
 many, across every process that runs it. The claim decides (jobs_step_one,
-migration 025) from a row of job_rates it locks, so starting more processes
+sql/rules/rates.sql) from a row of job_rates it locks, so starting more processes
 never raises the rate; queues that name one key share one rate. A worker
 declares its queues' rates at start (lib/operate/queue_state.py)."""
 

@@ -85,7 +85,7 @@ class _SqlFile:
             nodes = list(_nodes(raw.stmt))
             # A statement that takes parameters gets its pair from its caller:
             # the Python code the check reads (lib.insert's own queries are
-            # such), or whoever calls the function (migration 015's jobs_insert).
+            # such), or whoever calls the function (jobs_insert, sql/rules/insert.sql).
             parameterized = any(
                 isinstance(n, pg.ParamRef)
                 or (isinstance(n, pg.ColumnRef) and getattr(n.fields[0], "sval", "") in names)

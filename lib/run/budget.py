@@ -1,5 +1,5 @@
 """A queue's budgets as its jobs spend them: PendingJob.spent settles what
-the claim reserved of each (migration 028), so the bucket holds what the
+the claim reserved of each (sql/rules/rates.sql), so the bucket holds what the
 jobs really spent, across every process."""
 
 from __future__ import annotations

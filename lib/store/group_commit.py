@@ -13,7 +13,7 @@ When batches carry one ask each (a serial queue, an idle worker), a job's
 outcome goes at once from the greenlet that asked, without the hop to the
 sender and back: outcomes come one at a time as jobs end, not in a burst of
 one turn. A batch of one goes as jobs_step_one, each field a plain value:
-the same rules for one ask, the functions both call (migration 022).
+the same rules for one ask, the functions both call (sql/rules/rules.sql).
 
 One batch is on its way at a time (a second beside it would meet the first
 on the same queue's turn and be told to come back later), on a connection
@@ -39,7 +39,7 @@ from lib.store.sql import Q
 log = logging.getLogger("jobs.commit")
 
 # The first key of every queue's turn, pg_try_advisory_xact_lock(key,
-# hashtext(queue)): the key jobs_queue_turn (migration 022) takes.
+# hashtext(queue)): the key jobs_queue_turn (sql/rules/rules.sql) takes.
 QUEUE_TURN_KEY = 1785684595
 
 # Asks of one queue that make a batch worth sending at once, not on the

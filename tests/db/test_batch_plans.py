@@ -9,6 +9,7 @@ import re
 import psycopg2
 import pytest
 from test_step_one import claim, outcome
+from tests_support import superuser_url
 
 from lib.insert import Job, insert_many
 from lib.store.group_commit import Ask, batch_step
@@ -64,7 +65,9 @@ def nodes_of_plans(conn, cur, asks: list[Ask]) -> tuple[list[tuple], list[tuple[
         (1, 1, 5_000, 5_000),
     ],
 )
-def test_no_step_of_a_batch_handles_more_than_a_few_rows_an_ask(db, database_url, queues, slots, pending, finished):
+def test_no_step_of_a_batch_handles_more_than_a_few_rows_an_ask(
+    db, database_url, server_url, queues, slots, pending, finished
+):
     """A busy batch (each slot's outcome with its next claim) of one queue of
     64 slots, and of 40 queues of one slot (short queues and longer ones),
     their pending jobs beside the finished rows of a table in use and the
@@ -78,7 +81,8 @@ def test_no_step_of_a_batch_handles_more_than_a_few_rows_an_ask(db, database_url
     )
     db.exec("ANALYZE jobs")
     asks = [Ask(None, claim(q, s)) for q in names for s in range(slots)]
-    conn = psycopg2.connect(database_url)
+    # As the server's superuser: only an administrator may load auto_explain.
+    conn = psycopg2.connect(superuser_url(database_url, server_url))
     conn.autocommit = True
     try:
         cur = conn.cursor()

@@ -1,4 +1,4 @@
-"""Budgets (migration 028, lib/run/budget.py): a claim reserves the most a
+"""Budgets (sql/rules/rates.sql, lib/run/budget.py): a claim reserves the most a
 job spends of each budget of its queue, across processes; what the job
 reports it spent settles the reservation."""
 

@@ -110,7 +110,7 @@ def test_ticks_kept_from_before_the_upgrade_still_count(empty_database, tmp_path
             shutil.copy(path, tmp_path / path.name)
     db = DB.connect(empty_database, size=2)
     try:
-        migrate(db, tmp_path)
+        migrate(db, tmp_path, rules=None)
         # The older clock ticked daily at 03:17, and ran the job.
         db.exec("INSERT INTO clock_ticks (name, minute) VALUES ('m.Daily', %s)", (at(0, 3, 17),))
         assert "009_dedupe_clock_entries" in migrate(db)

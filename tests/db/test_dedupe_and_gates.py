@@ -73,7 +73,7 @@ def test_a_writer_cannot_name_a_rows_dedupe(db, dedupe_q):
     ]
 
 
-def test_insert_reads_dedupe_without_a_call_per_row(db, dedupe_q):
+def test_insert_reads_dedupe_without_a_call_per_row(db, admin_db, dedupe_q):
     """lib.insert names each row's dedupe in its own statement: the per-row
     trigger (a PL/pgSQL call a row) is left to writers that leave it out."""
     jobs = [Job("d", name, {"k": i % 300}) for i in range(1000) for name in ("d.Once", "d.Many")][:1000]
@@ -84,7 +84,7 @@ def test_insert_reads_dedupe_without_a_call_per_row(db, dedupe_q):
         )
         return calls
 
-    with db.transaction() as tx:
+    with admin_db.transaction() as tx:  # track_functions is an administrator's setting
         tx.exec("SET LOCAL track_functions = 'pl'")
         ids = insert_many(tx, jobs)
         insert(tx, "d", "d.Once", {"k": 1000})
@@ -186,10 +186,11 @@ def test_idle_poller_learns_when_its_next_delayed_job_is_due(db):
     assert job is None and 80 < wait <= 90
 
 
-def test_a_bulk_load_with_triggers_off_still_gets_dedupe(db, dedupe_q):
-    """A session that turns triggers off (session_replication_role = replica)
-    and leaves dedupe out gets it filled in all the same, not a NULL refused."""
-    with db.transaction() as tx:
+def test_a_bulk_load_with_triggers_off_still_gets_dedupe(db, admin_db, dedupe_q):
+    """A session that turns triggers off (session_replication_role = replica,
+    an administrator's setting) and leaves dedupe out gets it filled in all
+    the same, not a NULL refused."""
+    with admin_db.transaction() as tx:
         tx.exec("SET LOCAL session_replication_role = replica")
         tx.exec("INSERT INTO jobs (queue, name, args) VALUES ('d', 'd.Once', '{}'), ('d', 'd.Many', '{}')")
     assert db.query("SELECT name, dedupe FROM jobs ORDER BY id") == [("d.Once", True), ("d.Many", False)]

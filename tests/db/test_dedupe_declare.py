@@ -207,7 +207,7 @@ def migrated_to(url: str, version: int, tmp_path) -> DB:
         if number <= version:
             shutil.copy(path, tmp_path / path.name)
     db = DB.connect(url, size=2)
-    migrate(db, tmp_path)
+    migrate(db, tmp_path, rules=None)
     return db
 
 

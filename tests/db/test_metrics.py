@@ -240,7 +240,7 @@ def test_rescues_restarts_pool_and_listener(db, database_url):
     assert db.in_use == 0
 
 
-def test_the_scrape_query_stays_on_indexes_with_a_million_finished_rows(db, database_url):
+def test_the_scrape_query_stays_on_indexes_with_a_million_finished_rows(db, admin_db, database_url):
     """A scrape with a million finished rows kept: it sends one statement,
     and that statement, in the generic plan the pool's prepared statement
     settles on, reads no table of jobs from end to end and touches a few
@@ -249,9 +249,9 @@ def test_the_scrape_query_stays_on_indexes_with_a_million_finished_rows(db, data
     planned for their values as the pool sends them, they read the failures
     of the queue and name asked for, or the newest up to the limit: a few
     pages, where reading the 100,000 failures kept would touch thousands."""
-    with db.connection() as conn, conn.cursor() as cur:
+    with admin_db.connection() as conn, conn.cursor() as cur:
         # No per-row triggers (the wakeup notify): not what this test is about, and they triple the insert time.
-        # dedupe is named: the trigger that fills it in when left out runs even here (migration 015).
+        # dedupe is named: the trigger that fills it in when left out runs even here (sql/rules/triggers.sql).
         cur.execute("SET session_replication_role = replica")
         cur.execute(
             "INSERT INTO jobs (queue, name, status, finished_at, attempts, dedupe) "

@@ -1,4 +1,4 @@
-"""Rates (lib/job/rate.py, migration 025): decided at claim, from the row of
+"""Rates (lib/job/rate.py, sql/rules/rates.sql): decided at claim, from the row of
 job_rates the claim locks until it commits, for every process alike."""
 
 import time

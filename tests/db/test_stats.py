@@ -77,13 +77,13 @@ def test_a_queue_with_only_delayed_rows_has_no_due_age_and_a_past_throttle_is_no
     assert delayed.throttled_until is None
 
 
-def test_queue_stats_stays_on_indexes_with_a_million_finished_rows(db, database_url):
+def test_queue_stats_stays_on_indexes_with_a_million_finished_rows(db, admin_db, database_url):
     """The pool runs the query prepared and Postgres soon keeps a generic
     plan; that plan is forced and explained. The finished rows are read only
     through jobs_finished, over the last hour, never all of them."""
-    with db.connection() as conn, conn.cursor() as cur:
+    with admin_db.connection() as conn, conn.cursor() as cur:
         # No per-row triggers: they are not what this test is about, and they triple the insert time.
-        # dedupe is named: the trigger that fills it in when left out runs even here (migration 015).
+        # dedupe is named: the trigger that fills it in when left out runs even here (sql/rules/triggers.sql).
         cur.execute("SET session_replication_role = replica")
         cur.execute(
             "INSERT INTO jobs (queue, name, status, finished_at, attempts, dedupe) "

@@ -1,5 +1,5 @@
 """jobs_step_one answers a lone ask exactly as jobs_step answers a batch of
-that one ask (migration 022, where both call the rules they share): the same
+that one ask (sql/rules/step.sql; both call the rules of sql/rules/rules.sql): the same
 rows written, the same job claimed, the same wait, in every case a claim or an
 outcome can meet.
 
@@ -339,7 +339,7 @@ def test_a_throttling_outcome_holds_the_turn_until_it_commits(db: DB, database_u
             tx.conn.rollback()
 
 
-def test_the_shared_rules_are_inlined(db: DB) -> None:
+def test_the_shared_rules_are_inlined(db: DB, admin_db: DB) -> None:
     """The SQL functions both steps call are put in place of their calls by the
     planner, so neither step pays a call of its own for them: a call that is
     not inlined shows in the server's count of function calls."""
@@ -347,7 +347,7 @@ def test_the_shared_rules_are_inlined(db: DB) -> None:
     insert(db, "q", "q.N")
     insert(db, "later", "q.N", run_at=soon(30))
     asks = [Ask(outcome(job_id), claim()), Ask(None, claim("later")), Ask(None, claim(slot=1))]
-    with db.transaction() as tx:
+    with admin_db.transaction() as tx:  # track_functions is an administrator's setting
         tx.exec("SET LOCAL track_functions = 'all'")
         tx.query(*lone_step(asks[0]))
         tx.query(*lone_step(asks[1]))

@@ -80,14 +80,14 @@ def _settled(db, recorder: Recorder) -> list[str]:
     return recorder.woken
 
 
-def test_set_based_enqueue_wakes_once(db, listening):
+def test_set_based_enqueue_wakes_once(db, admin_db, listening):
     """One notification for a 500-row INSERT ... SELECT, from a trigger that runs
     once per statement. A trigger run for each row would also reach the listener
     once (Postgres folds a transaction's identical notifications), but it calls
     pg_notify 500 times, so the calls are counted too."""
     _, recorder = listening
-    with db.transaction() as tx:
-        # Counts this transaction's calls of PL/pgSQL functions, triggers included.
+    with admin_db.transaction() as tx:
+        # Counts this transaction's calls of PL/pgSQL functions, triggers included (an administrator's setting).
         tx.exec("SET LOCAL track_functions = 'pl'")
         tx.exec("INSERT INTO jobs (queue, name) SELECT 'bulk', 'bulk.N' FROM generate_series(1, 500)")
         (notify_calls,) = tx.query_row(
@@ -107,12 +107,12 @@ def _trigger_calls(tx) -> int:
     return calls
 
 
-def test_a_one_job_insert_wakes_its_queue_itself_and_other_writers_still_run_the_trigger(db, listening):
+def test_a_one_job_insert_wakes_its_queue_itself_and_other_writers_still_run_the_trigger(db, admin_db, listening):
     """lib.insert's one-job insert notifies by itself and passes the statement
     trigger over; the mark that lets it do so holds only inside its call, so
     a plain INSERT right after it in the same transaction runs the trigger."""
     _, recorder = listening
-    with db.transaction() as tx:
+    with admin_db.transaction() as tx:
         tx.exec("SET LOCAL track_functions = 'pl'")
         insert(tx, "one", "one.N")
         assert _trigger_calls(tx) == 0

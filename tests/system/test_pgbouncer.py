@@ -71,7 +71,8 @@ class Database:
 def database(server_url: str, bouncer: PgBouncer) -> Iterator[Database]:
     """A migrated scratch database with a chaos_runs table, for this file.
     Migrated over the direct URL: the tests are about the worker's traffic."""
-    with scratch_database(server_url, "jobs_pgb") as direct_url:
+    # Owned by the server's user: PgBouncer's entry logs every client in as that user.
+    with scratch_database(server_url, "jobs_pgb", owner=False) as direct_url:
         db = DB.connect(direct_url, size=1)
         migrate(db)
         db.exec(CHAOS_RUNS)
@@ -273,7 +274,7 @@ def test_two_workers_migrate_an_empty_database_together(server_url: str, bouncer
     PgBouncer: the migrations' lock holds across their transactions (a
     session's lock would stay behind on whichever server session took it),
     each migration is applied once, and both go on to run."""
-    with scratch_database(server_url, "jobs_pgb_empty") as direct_url:
+    with scratch_database(server_url, "jobs_pgb_empty", owner=False) as direct_url:
         name = urlsplit(direct_url).path.lstrip("/")
         empty = Database(name, direct_url, bouncer.url(name))
         assert len(bouncer.warm(name)) == 4

@@ -145,7 +145,7 @@ def test_rows_with_infinite_run_at_from_before_are_mended_by_the_migration(empty
             shutil.copy(path, tmp_path / path.name)
     db = DB.connect(empty_database, size=2)
     try:
-        migrate(db, tmp_path)
+        migrate(db, tmp_path, rules=None)
         never, soonest, done = (
             db.query_row(
                 "INSERT INTO jobs (queue, name, run_at, status) VALUES ('q', 'q.N', %s, %s) RETURNING id", (run_at, s)

@@ -1,0 +1,120 @@
+-- The rules a claim and an outcome apply, each written once: a queue's turn,
+-- a throttling outcome's turn and gate row, whether an outcome is still its
+-- claim's, the gate and its wait, a slot's holder, a key's turn, the due jobs
+-- in the queue's order, the wait until the next one, and each attempt's
+-- error. jobs_step and jobs_step_one (step.sql) differ only in how they go
+-- through their asks (one, or a set of them in a few statements), and
+-- tests/db/test_step_one.py holds the two to the same answers.
+--
+-- The SQL functions here are inlined: the planner puts their bodies in place
+-- of their calls, so the statements that call them run as if written out.
+-- That holds while each is one SELECT, neither STRICT nor with a SET clause,
+-- and a STABLE one calls nothing volatile (a set-returning one is inlined
+-- only in FROM).
+
+-- A queue's turn: an advisory transaction lock, never waited for. A claim
+-- takes it before it reads the gate, and a throttling outcome holds it until
+-- it commits, so no claim reads the gate in between. The one place its key is
+-- spelled (lib.store.group_commit.QUEUE_TURN_KEY in Python).
+CREATE OR REPLACE FUNCTION jobs_queue_turn(queue text) RETURNS boolean
+LANGUAGE sql AS $$ SELECT pg_try_advisory_xact_lock(1785684595, hashtext(queue)) $$;
+
+-- A throttling outcome takes its queue's turn and its gate row, neither waited
+-- for: false when another transaction holds either, and the outcome is not
+-- written this time.
+CREATE OR REPLACE FUNCTION jobs_throttle_turn(q text) RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+  IF NOT jobs_queue_turn(q) THEN
+    RETURN false;
+  END IF;
+  PERFORM FROM job_queues jq WHERE jq.queue = q FOR UPDATE SKIP LOCKED;
+  RETURN FOUND OR NOT EXISTS (SELECT FROM job_queues jq WHERE jq.queue = q);
+END
+$$;
+
+-- An outcome is written while its row is still started by its claim (the
+-- same worker and attempt), or already holds this very outcome, so sending it
+-- twice is safe.
+CREATE OR REPLACE FUNCTION jobs_outcome_current(
+  row_worker text, row_attempts int, row_status text, o_worker text, o_attempts int, o_status text
+) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+  SELECT row_worker = o_worker AND row_attempts = o_attempts AND row_status IN ('started', o_status)
+$$;
+
+-- Seconds until a gate (pause, throttle) opens; a pause may be infinite, and
+-- is then looked at again in a day.
+CREATE OR REPLACE FUNCTION jobs_gate_wait(gate timestamptz) RETURNS float8
+LANGUAGE sql STABLE AS $$ SELECT extract(EPOCH FROM least(gate, now() + interval '1 day') - now())::float8 $$;
+
+-- What a claim reads after its queue's turn: the gate (the later of a pause
+-- and the throttle's next claim; NULL, or no row, for an open queue), the key
+-- of the queue's rate and budgets (NULL: none), and the concurrency set at
+-- run time (`worker.py scale`; NULL: the definition's own).
+CREATE OR REPLACE FUNCTION jobs_gate(q text) RETURNS TABLE (gate timestamptz, rate_key text, scaled_to int)
+LANGUAGE sql STABLE AS $$
+  SELECT greatest(jq.paused_until, jq.next_claim_at), jq.rate_key, jq.scaled_to FROM job_queues jq WHERE jq.queue = q
+$$;
+
+-- The database holds a queue to its concurrency: a slot number is free when
+-- no started row of the queue, of any process, holds it.
+CREATE OR REPLACE FUNCTION jobs_slot_holder(q text, s int) RETURNS SETOF bigint
+LANGUAGE sql STABLE AS $$
+  SELECT j.id FROM jobs j WHERE j.queue = q AND j.status = 'started' AND j.slot = s
+$$;
+
+-- Whether a due job of key k is its key's turn: no job of the key is started,
+-- and none is due before it in the queue's order (priority, run_at, id). The
+-- jobs of one key start one at a time and in order, across every process,
+-- while jobs of other keys run beside them.
+CREATE OR REPLACE FUNCTION jobs_key_turn(q text, k text, p int, r timestamptz, i bigint) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+  SELECT NOT EXISTS (SELECT FROM jobs s WHERE s.queue = q AND s.key = k AND s.status = 'started')
+     AND NOT EXISTS (SELECT FROM jobs e
+                     WHERE e.queue = q AND e.key = k AND e.status = 'pending' AND e.run_at <= now()
+                       AND (e.priority > p OR (e.priority = p AND (e.run_at, e.id) < (r, i))))
+$$;
+
+-- The queue's first n due jobs a claim may start, in the queue's order
+-- (priority, then run_at, then id), or the job asked for when it is due. A
+-- claim takes a prefix of them: never job n+1 while job n is due and not
+-- started. A job whose key's turn it is not is passed over; for a queue
+-- without keys that is one NULL test a row.
+--
+-- The asked id's test is coalesce(j.id = asked, true), not j.id =
+-- coalesce(asked, j.id) (an equality on the key, estimated at one row, with
+-- which the planner sees no gain in reading the queue in order and sorts the
+-- whole due set instead) nor an OR (which makes the generic plan look dear):
+-- estimated at half the rows, the ordered read of jobs_claim that stops at n
+-- rows is the cheaper plan whatever the table's statistics say.
+CREATE OR REPLACE FUNCTION jobs_due(q text, asked bigint, n int) RETURNS TABLE (id bigint, priority int, run_at timestamptz)
+LANGUAGE sql STABLE AS $$
+  SELECT j.id, j.priority, j.run_at FROM jobs j
+  WHERE j.queue = q AND j.status = 'pending' AND j.run_at <= now()
+    AND coalesce(j.id = asked, true)
+    AND (j.key IS NULL OR jobs_key_turn(q, j.key, j.priority, j.run_at, j.id))
+  ORDER BY j.priority DESC, j.run_at, j.id
+  LIMIT n
+$$;
+
+-- With nothing due, the seconds until the queue's next pending row is due
+-- (NULL when it has none).
+CREATE OR REPLACE FUNCTION jobs_next_due_wait(q text) RETURNS TABLE (wait float8)
+LANGUAGE sql STABLE AS $$
+  SELECT extract(EPOCH FROM min(j.run_at) - now())::float8 FROM jobs j
+  WHERE j.queue = q AND j.status = 'pending' AND j.run_at > now()
+$$;
+
+-- An outcome's error added to the attempts' errors ({attempt, at, worker,
+-- error, traceback}, oldest first), when the outcome has one and is the
+-- attempt's first (a resent outcome is not added twice).
+CREATE OR REPLACE FUNCTION jobs_attempt_errors(
+  errors jsonb, row_status text, attempt int, worker text, error text, traceback text
+) RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+  SELECT CASE WHEN error IS NULL OR row_status <> 'started' THEN errors
+              ELSE coalesce(errors, '[]'::jsonb) || jsonb_build_array(jsonb_build_object(
+                     'attempt', attempt, 'at', now(), 'worker', worker, 'error', error, 'traceback', traceback))
+         END
+$$;
