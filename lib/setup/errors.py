@@ -11,6 +11,7 @@ so there is nothing to send an event to.
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import logging
 import sys
@@ -197,6 +198,18 @@ def capture_message(message: str, level: str = "error", **tags: Any) -> None:
         sdk.capture_message(message, level=level)
 
 
+def _native_lock() -> _thread.LockType:
+    """A lock that blocks the OS thread, also where gevent has patched
+    threading: a gevent lock waited on in a native thread would make that
+    thread a hub of its own. gevent is not imported here (this layer runs
+    without it); a process it patched has gevent.monkey loaded, which keeps
+    the original."""
+    monkey = sys.modules.get("gevent.monkey")
+    if monkey is None:
+        return _thread.allocate_lock()
+    return monkey.get_original("_thread", "allocate_lock")()
+
+
 class Outage:
     """One report per run of failures of the same thing.
 
@@ -204,27 +217,37 @@ class Outage:
     failure of a run is reported, the rest are counted, and the run ends only
     when the thing succeeds again. Share one Outage between the pollers of a
     process so an outage of the database is one event, not one per queue.
+
+    The hub's greenlets and native threads (the lease renewal) share one, so
+    its counts are kept under a native lock, held for the counts alone: never
+    across a log line or a report, which may wait.
     """
 
     def __init__(self, what: str, *, clock: Any = time.monotonic) -> None:
         self.what = what
         self._clock = clock
+        self._lock = _native_lock()
         self._failures = 0
         self._since = 0.0
 
     def failed(self, exc: BaseException, **tags: Any) -> None:
-        if self._failures == 0:
-            self._since = self._clock()
+        with self._lock:
+            first = self._failures == 0
+            if first:
+                self._since = self._clock()
+            self._failures += 1
+        if first:
             log.warning("%s failing: %s", self.what, exc)
             capture(exc, message=f"{self.what} failing", **tags)
-        self._failures += 1
 
     def recovered(self) -> None:
-        if self._failures:
+        with self._lock:
+            failures, since = self._failures, self._since
+            self._failures = 0
+        if failures:
             log.warning(
                 "%s recovered after %d failures over %.1fs",
                 self.what,
-                self._failures,
-                self._clock() - self._since,
+                failures,
+                self._clock() - since,
             )
-        self._failures = 0
