@@ -21,7 +21,7 @@ from lib.background import dedupe, worker_registry  # noqa: E402
 from lib.background.clock import Clock, Scheduled  # noqa: E402
 from lib.background.leases import Leases, new_worker_id  # noqa: E402
 from lib.background.rollup import Rollup  # noqa: E402
-from lib.greenlets import hub_watch  # noqa: E402
+from lib.greenlets import hub_watch, reports  # noqa: E402
 from lib.greenlets.backoff import Backoff  # noqa: E402
 from lib.greenlets.supervise import Supervisor  # noqa: E402
 from lib.operate import overview, queue_state, setup_check  # noqa: E402
@@ -407,6 +407,9 @@ def run(
     )
     for signum in (signal.SIGTERM, signal.SIGINT):
         gevent.signal_handler(signum, stop.set)
+    # Before the parts that report from native threads (the lease renewal,
+    # the hub watch) start: their reports are sent from this hub's thread.
+    reports.send_from_hub()
     hub_watch.watch(leases.lease / 3)
 
     # Apart, so that no database call, lock or stalled link stands between the

@@ -5,6 +5,12 @@ line naming the greenlet and where it stands, and one report per greenlet.
 
 The leases of running jobs are renewed from a thread of their own meanwhile
 (lib/background/leases.py), so a blocked hub is slow, not a double run.
+
+Only the hub given to watch() is watched. gevent.config.monitor_thread stays
+off: it would give every hub its own monitor, and a native thread that ever
+waits on a gevent lock gets a hub whose loop never runs, which such a monitor
+reports as held for as long as the thread lives. A monitor's own report
+(a log line, an event) would then give its thread a hub, and a monitor, too.
 """
 
 from __future__ import annotations
@@ -23,16 +29,21 @@ log = logging.getLogger("jobs.blocked")
 
 _reported: weakref.WeakSet[Any] = weakref.WeakSet()
 
+# The hubs watch() was given: a monitor started for any other (by code that
+# turns gevent.config.monitor_thread on) is not heard.
+_watched: weakref.WeakSet[Any] = weakref.WeakSet()
+
 
 def watch(after: float) -> None:
-    """Report any greenlet that holds the hub for longer than `after` seconds."""
-    gevent.config.monitor_thread = True
+    """Report any greenlet that holds this thread's hub (the worker's) for
+    longer than `after` seconds."""
     gevent.config.max_blocking_time = after
     # Its stack dump goes to the log instead, one line per notice.
     gevent.config.print_blocking_reports = False
     if _on_blocked not in gevent.events.subscribers:
         gevent.events.subscribers.append(_on_blocked)
     hub = gevent.get_hub()
+    _watched.add(hub)
     if hub.periodic_monitoring_thread is None:
         # What hub.start_periodic_monitoring_thread() does, less its memory
         # monitor: only the blocking check is wanted, and that monitor imports
@@ -46,7 +57,7 @@ def watch(after: float) -> None:
 
 def _on_blocked(event: object) -> None:
     # Called in the monitor thread, while the hub is still held.
-    if not isinstance(event, gevent.events.EventLoopBlocked):
+    if not isinstance(event, gevent.events.EventLoopBlocked) or event.hub not in _watched:
         return
     greenlet = event.greenlet
     where = _where(event.info)

@@ -7,15 +7,23 @@ sentry-sdk is imported by init(), only when there is somewhere to report to:
 with its HTTP transport it is a large part of a worker's memory, which a
 worker without SENTRY_DSN has no use for. Until it is imported no client can exist,
 so there is nothing to send an event to.
+
+In a worker, sentry-sdk's locks, queue and sending thread are gevent's, and
+belong to the hub's thread: a report made in a native thread (the lease
+renewal, the hub watch) is handed to that thread (send_through, which
+lib/greenlets/reports.py sets up) instead of entering sentry-sdk there.
 """
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import logging
 import sys
 import time
 import traceback
+from collections.abc import Callable
+from functools import partial
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -172,12 +180,38 @@ def reported(exc: BaseException) -> None:
         setattr(exc, _REPORTED, True)
 
 
+# Given each report's send, in the thread that reports: True when it takes the
+# send to another thread (the hub's), False when the caller sends it itself.
+# None: every report is sent where it is made.
+HandOff = Callable[[Callable[[], None]], bool]
+_hand_off: HandOff | None = None
+
+
+def send_through(hand_off: HandOff | None) -> None:
+    """From now on, give each report to hand_off before sending it where it
+    is made (lib.greenlets.reports); None: send each where it is made."""
+    global _hand_off
+    _hand_off = hand_off
+
+
+def _deliver(send: Callable[[], None]) -> None:
+    hand_off = _hand_off
+    if hand_off is None or not hand_off(send):
+        send()
+
+
 def capture(exc: BaseException, message: str | None = None, **tags: Any) -> None:
     """Report exc with tags (queue, job, id, callsite...), once; never a shutdown."""
     sdk = _sdk()
     if sdk is None or _is_shutdown(exc) or getattr(exc, _REPORTED, False):
         return
+    # Marked here, in the caller's thread: a second capture of it while the
+    # first waits for the hub's thread sends nothing.
     reported(exc)
+    _deliver(partial(_send_exception, sdk, exc, message, tags))
+
+
+def _send_exception(sdk: ModuleType, exc: BaseException, message: str | None, tags: dict[str, Any]) -> None:
     with sdk.new_scope() as scope:
         for key, value in tags.items():
             scope.set_tag(key, value)
@@ -191,10 +225,26 @@ def capture_message(message: str, level: str = "error", **tags: Any) -> None:
     sdk = _sdk()
     if sdk is None:
         return
+    _deliver(partial(_send_message, sdk, message, level, tags))
+
+
+def _send_message(sdk: ModuleType, message: str, level: str, tags: dict[str, Any]) -> None:
     with sdk.new_scope() as scope:
         for key, value in tags.items():
             scope.set_tag(key, value)
         sdk.capture_message(message, level=level)
+
+
+def _native_lock() -> _thread.LockType:
+    """A lock that blocks the OS thread, also where gevent has patched
+    threading: a gevent lock waited on in a native thread would make that
+    thread a hub of its own. gevent is not imported here (this layer runs
+    without it); a process it patched has gevent.monkey loaded, which keeps
+    the original."""
+    monkey = sys.modules.get("gevent.monkey")
+    if monkey is None:
+        return _thread.allocate_lock()
+    return monkey.get_original("_thread", "allocate_lock")()
 
 
 class Outage:
@@ -204,27 +254,37 @@ class Outage:
     failure of a run is reported, the rest are counted, and the run ends only
     when the thing succeeds again. Share one Outage between the pollers of a
     process so an outage of the database is one event, not one per queue.
+
+    The hub's greenlets and native threads (the lease renewal) share one, so
+    its counts are kept under a native lock, held for the counts alone: never
+    across a log line or a report, which may wait.
     """
 
     def __init__(self, what: str, *, clock: Any = time.monotonic) -> None:
         self.what = what
         self._clock = clock
+        self._lock = _native_lock()
         self._failures = 0
         self._since = 0.0
 
     def failed(self, exc: BaseException, **tags: Any) -> None:
-        if self._failures == 0:
-            self._since = self._clock()
+        with self._lock:
+            first = self._failures == 0
+            if first:
+                self._since = self._clock()
+            self._failures += 1
+        if first:
             log.warning("%s failing: %s", self.what, exc)
             capture(exc, message=f"{self.what} failing", **tags)
-        self._failures += 1
 
     def recovered(self) -> None:
-        if self._failures:
+        with self._lock:
+            failures, since = self._failures, self._since
+            self._failures = 0
+        if failures:
             log.warning(
                 "%s recovered after %d failures over %.1fs",
                 self.what,
-                self._failures,
-                self._clock() - self._since,
+                failures,
+                self._clock() - since,
             )
-        self._failures = 0
