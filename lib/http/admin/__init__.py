@@ -13,7 +13,9 @@ On only when JOBS_ADMIN_TOKEN is set. Every request presents the token: as
 `Authorization: Bearer <token>` (scripts), or as the session cookie the login
 form sets, which holds no token but a signed expiry. Cookie-authenticated
 POSTs also carry a CSRF token bound to that session; a bearer header needs
-none, since a browser never sends one by itself.
+none, since a browser never sends one by itself. A filter or form value the
+page cannot read is answered with the page's "bad filter" message
+(filters.py), never an error.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import gevent
 from lib.http.admin import bulk, jobs, views
 from lib.http.admin import job as one_job
 from lib.http.admin.actions import pause_queue, resume_queue, retry_failures, scale_queue
+from lib.http.admin.filters import BadFilter, readable
 from lib.http.admin.render import (
     FLASH,
     PREFIX,
@@ -61,7 +64,10 @@ LOGIN_PENALTY = 1.0
 
 # /jobs/<id>, and /jobs/<id>/<action> for a POST.
 _JOB_PATH = re.compile(r"^/jobs/(\d{1,19})(?:/(cancel|run-now|retry))?$")
-# Where an action that found its row locked sends the operator back to.
+# The pages that answer a bad filter on their own form; every other page's
+# arguments are read before the page is worked out.
+_OWN_FILTERS = ("/jobs", "/jobs/bulk", "/failures")
+# Where an action that found its row locked, or a value it could not read, sends the operator back to.
 _BACK = {"/retry": "/failures", "/jobs/bulk": "/jobs"}
 # How long an action's write waits for a row another transaction holds.
 ACTION_LOCK_TIMEOUT_MS = 2000
@@ -133,7 +139,10 @@ class Admin(Sessions):
             return self._post(path, request, session)
         if request.method not in ("GET", "HEAD"):
             return text(405, "method not allowed")
-        page = self._get(path, request, session)
+        try:
+            page = self._get(path, request, session)
+        except BadFilter as exc:
+            return self._page("missing.html", request, session, status=400, heading="Bad filter", message=str(exc))
         return page if page is not None else self._missing(request, session, "There is no such page.")
 
     # -- pages
@@ -161,10 +170,12 @@ class Admin(Sessions):
         return Response(status, body, "text/html; charset=utf-8", headers)
 
     def _missing(self, request: Request, session: str | None, message: str) -> Response:
-        return self._page("missing.html", request, session, status=404, message=message)
+        return self._page("missing.html", request, session, status=404, heading="Not found", message=message)
 
     def _get(self, path: str, request: Request, session: str | None) -> Response | None:
         now = datetime.now(UTC)
+        if path not in _OWN_FILTERS:
+            readable(request.args())
         if path == "/":
             values = views.queues_page(self.site, request.arg("window"), now)
             return self._page("queues.html", request, session, live="queues", **values)
@@ -179,18 +190,7 @@ class Admin(Sessions):
         if path == "/jobs/bulk":
             return self._bulk_preview(request, session)
         if path == "/failures":
-            queue, name = request.arg("queue"), request.arg("name")
-            rows = self.db.query(Q.job_failed_list, {"queue": queue, "name": name, "limit": FAILURES_SHOWN})
-            return self._page(
-                "failures.html",
-                request,
-                session,
-                rows=rows,
-                queue=queue,
-                name=name,
-                shown=FAILURES_SHOWN,
-                queues=self.queues,
-            )
+            return self._failures(request, session)
         found = _JOB_PATH.match(path)
         if found and not found.group(2):
             return self._job(int(found.group(1)), request, session)
@@ -209,6 +209,16 @@ class Admin(Sessions):
         scale = None if most is None else {"most": most, "now": stats.scaled_to or most, "by": stats.scaled_by}
         return self._page("queue.html", request, session, live="queue", queue=queue, scale=scale, **values)
 
+    def _failures(self, request: Request, session: str | None) -> Response:
+        queue, name = request.arg("queue"), request.arg("name")
+        values = {"queue": queue, "name": name, "shown": FAILURES_SHOWN, "queues": self.queues}
+        try:
+            readable({"queue": queue, "name": name})
+        except BadFilter as exc:
+            return self._page("failures.html", request, session, status=400, rows=[], error=str(exc), **values)
+        rows = self.db.query(Q.job_failed_list, {"queue": queue, "name": name, "limit": FAILURES_SHOWN})
+        return self._page("failures.html", request, session, rows=rows, error=None, **values)
+
     def _live(self, request: Request) -> Response:
         """A page's numbers as JSON, for its script to write in place."""
         page = request.arg("page") or ""
@@ -224,7 +234,7 @@ class Admin(Sessions):
         values: dict[str, Any] = {"action": action, "cap": bulk.BULK_CAP, "preview": None, "error": None}
         try:
             values["preview"] = bulk.preview(self.db, action, jobs.read(request))
-        except jobs.BadFilter as exc:
+        except BadFilter as exc:
             return self._page("bulk.html", request, session, status=400, **(values | {"error": str(exc)}))
         return self._page("bulk.html", request, session, **values)
 
@@ -238,7 +248,7 @@ class Admin(Sessions):
         values |= {"rows": [], "next": None, "counts": {}}
         try:
             params = jobs.params(filters)
-        except jobs.BadFilter as exc:
+        except BadFilter as exc:
             return self._page("jobs.html", request, session, status=400, error=str(exc), **values)
         began = time.monotonic()
         try:
@@ -279,6 +289,8 @@ class Admin(Sessions):
         row another transaction holds (_locked_out)."""
         try:
             return self._do(path, request, session, self.db.lock_bounded(ACTION_LOCK_TIMEOUT_MS))
+        except BadFilter as exc:
+            return done(_back_of(path), f"nothing done: {exc}")
         except Exception as exc:
             if not is_lock_timeout(exc):
                 raise
@@ -316,7 +328,7 @@ def _bulk(request: Request, session: str | None, db: Any) -> Response:
         return done(back, "nothing done: a bulk action is retry or cancel")
     try:
         message = bulk.act(db, action, filters, _operator(session))
-    except jobs.BadFilter as exc:
+    except BadFilter as exc:
         return done(back, f"nothing done: {exc}")
     return done(back, message)
 
@@ -334,10 +346,14 @@ def _locked_out(path: str, session: str | None) -> Response:
     in psql, say): nothing done, and the operator may try again; no request
     waits behind such a transaction."""
     log.warning("admin %s by %s: a row it writes is locked; nothing done", path, _operator(session))
-    found = _JOB_PATH.match(path)
-    back = f"{PREFIX}/jobs/{found.group(1)}" if found else f"{PREFIX}{_BACK.get(path, '/')}"
     held = f"held by another transaction for over {ACTION_LOCK_TIMEOUT_MS / 1000:g}s"
-    return done(back, f"nothing done: a row it changes was {held}; try again")
+    return done(_back_of(path), f"nothing done: a row it changes was {held}; try again")
+
+
+def _back_of(path: str) -> str:
+    """The page an action's outcome is shown on, when it has none of its own."""
+    found = _JOB_PATH.match(path)
+    return f"{PREFIX}/jobs/{found.group(1)}" if found else f"{PREFIX}{_BACK.get(path, '/')}"
 
 
 def _operator(session: str | None) -> str:
