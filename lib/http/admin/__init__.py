@@ -11,11 +11,12 @@ actions.py, and what every page shares in render.py.
 
 On only when JOBS_ADMIN_TOKEN is set. Every request presents the token: as
 `Authorization: Bearer <token>` (scripts), or as the session cookie the login
-form sets, which holds no token but a signed expiry. Cookie-authenticated
-POSTs also carry a CSRF token bound to that session; a bearer header needs
-none, since a browser never sends one by itself. A filter or form value the
-page cannot read is answered with the page's "bad filter" message
-(filters.py), never an error.
+form sets, which holds no token but a signed expiry (session.py). A wrong
+credential of any kind waits its turn at one gate for the whole process
+(guesses.py). Cookie-authenticated POSTs also carry a CSRF token bound to
+that session; a bearer header needs none, since a browser never sends one by
+itself. A filter or form value the page cannot read is answered with the
+page's "bad filter" message (filters.py), never an error.
 """
 
 from __future__ import annotations
@@ -32,12 +33,11 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import unquote, urlencode
 
-import gevent
-
 from lib.http.admin import bulk, jobs, views
 from lib.http.admin import job as one_job
 from lib.http.admin.actions import pause_queue, resume_queue, retry_failures, scale_queue
 from lib.http.admin.filters import BadFilter, readable
+from lib.http.admin.guesses import LOGIN
 from lib.http.admin.render import (
     FLASH,
     PREFIX,
@@ -47,7 +47,7 @@ from lib.http.admin.render import (
     done,
     environment,
 )
-from lib.http.admin.session import COOKIE, SESSION_SECONDS, Sessions
+from lib.http.admin.session import BUSY, COOKIE, SESSION_SECONDS, Sessions, busy_headers
 from lib.http.web import BadRequest, Environ, Request, Response, StartResponse, redirect, text
 from lib.operate import overview
 from lib.store.db import is_lock_timeout
@@ -59,8 +59,6 @@ log = logging.getLogger("jobs.admin")
 REFRESH = 5.0
 # Failures shown at once, newest first; a retry of the filtered set takes all.
 FAILURES_SHOWN = 100
-# A wrong token costs this long: guessing by the thousand becomes slow.
-LOGIN_PENALTY = 1.0
 
 # /jobs/<id>, and /jobs/<id>/<action> for a POST.
 _JOB_PATH = re.compile(r"^/jobs/(\d{1,19})(?:/(cancel|run-now|retry))?$")
@@ -119,18 +117,9 @@ class Admin(Sessions):
         path = request.path[len(PREFIX) :] or "/"
         if path == "/login":
             return self._login(request)
-        bearer = request.header("Authorization")
-        if bearer is not None:
-            scheme, _, given = bearer.partition(" ")
-            if scheme.lower() != "bearer" or not self._token_ok(given.strip()):
-                return text(401, "unauthorized: bad bearer token")
-            session = None
-        else:
-            session = self._session(request)
-            if session is None:
-                if request.method in ("GET", "HEAD") and path != "/live":
-                    return redirect(f"{PREFIX}/login")
-                return text(401, "unauthorized: log in first")
+        refused, session = self._who(request, path)
+        if refused is not None:
+            return refused
         if request.method == "POST":
             # A form another site makes the browser send carries the cookie
             # (not with SameSite=Strict, but older browsers) and never the token.
@@ -271,12 +260,19 @@ class Admin(Sessions):
 
     def _login(self, request: Request) -> Response:
         if request.method == "POST":
-            if self._token_ok(request.field("token")):
-                log.info("admin login from %s", request.environ.get("REMOTE_ADDR"))
+            # The body is read before full(): reading may yield, and nothing
+            # between full() and wait_turn may, or more than PLACES could wait.
+            given, address = request.field("token"), str(request.environ.get("REMOTE_ADDR") or "?")
+            if self.guesses.full():
+                self.guesses.turned_away(address)
+                page = self._page("login.html", request, None, status=429, error=BUSY)
+                page.headers.extend(busy_headers(self.guesses.penalty))
+                return page
+            if self._token_ok(given):
+                log.info("admin login from %s", address)
                 session = cookie(COOKIE, self._new_session(), max_age=SESSION_SECONDS)
                 return redirect(f"{PREFIX}/", [("Set-Cookie", session)])
-            log.warning("admin login refused from %s: wrong token", request.environ.get("REMOTE_ADDR"))
-            gevent.sleep(LOGIN_PENALTY)
+            self.guesses.wait_turn(LOGIN, address)
             return self._page("login.html", request, None, status=403, error="wrong token")
         if request.method not in ("GET", "HEAD"):
             return text(405, "method not allowed")
