@@ -47,6 +47,11 @@ class Request:
         """A query parameter, stripped; None when absent or blank."""
         return _first(self.query, name)
 
+    def args(self) -> dict[str, str | None]:
+        """Every query parameter, as arg reads it."""
+        query = self.query
+        return {name: _first(query, name) for name in query}
+
     def cookie(self, name: str) -> str | None:
         try:
             morsel = SimpleCookie(self.header("Cookie") or "").get(name)

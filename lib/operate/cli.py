@@ -10,12 +10,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import re
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import TypeVar
 
+from lib.setup.parsers import duration
 from lib.setup.settings import Settings
 
 
@@ -139,17 +139,11 @@ def _text(text: str) -> str:
     return text
 
 
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
 def _duration(text: str) -> float:
-    match = _DURATION.fullmatch(text.strip())
-    seconds = float(match[1]) * _UNITS[match[2]] if match else 0.0
-    # Bounded so the database's interval arithmetic cannot overflow on a slip.
-    if not 0 < seconds <= 36500 * 86400:
-        raise argparse.ArgumentTypeError(f"a duration like 30m, 1h or 2d (at most 36500d), got {text!r}")
-    return seconds
+    try:
+        return duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _limit(text: str) -> int:

@@ -1,6 +1,8 @@
 """The parsers of the settings: each reads one variable's text, returns its
 value or its default, and refuses a bad one with a SettingError that names
-the variable and never quotes a secret."""
+the variable and never quotes a secret. Also the one reading of a duration an
+operator types (the CLI's --since, the admin page's ages), which both share
+so that each refuses the same slips with the same words."""
 
 from __future__ import annotations
 
@@ -21,6 +23,9 @@ from lib.setup.dsn import URL_SCHEME, mask_secret, masked_dsn
 DEFAULT_HTTP_ADDR = ("127.0.0.1", 9400)
 # A token short enough to guess would make the constant-time compare pointless.
 MIN_ADMIN_TOKEN = 16
+# A century: a longer age is a slip, and one far longer overflows the date
+# arithmetic of Python (years 1 to 9999) and of Postgres's intervals.
+MAX_DURATION_DAYS = 36500
 
 
 class SettingError(ValueError):
@@ -63,6 +68,23 @@ def whole(text: str | None, name: str, default: int, *, low: int, high: int, uni
     if not low <= value <= high:
         raise SettingError(f"{name} must be a whole number of {unit} from {low} to {high}, got {text!r}")
     return value
+
+
+_DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*([smhd])")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def duration(text: str) -> float:
+    """The seconds of a duration as an operator types it (30s, 15m, 1.5h,
+    7d), above 0 and at most MAX_DURATION_DAYS; ValueError, its message
+    saying what is wanted, for anything else."""
+    match = _DURATION.fullmatch(text.strip())
+    # float() never overflows: a number too large for it is inf, refused below.
+    seconds = float(match[1]) * _UNIT_SECONDS[match[2]] if match else 0.0
+    if not 0 < seconds <= MAX_DURATION_DAYS * 86400:
+        shown = text if len(text) <= 40 else text[:40] + "..."
+        raise ValueError(f"a duration like 30m, 1h or 2d, above 0 and at most {MAX_DURATION_DAYS}d, got {shown!r}")
+    return seconds
 
 
 def one_of(*choices: str) -> Parse:

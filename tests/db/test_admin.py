@@ -19,6 +19,7 @@ from proxy import Proxy
 
 import lib.http.admin
 import lib.http.admin.bulk
+import lib.http.admin.guesses
 import lib.http.admin.queues
 from lib.background import worker_registry
 from lib.background.clock import Scheduled, daily, every, weekdays
@@ -43,7 +44,7 @@ def admin_site(db, **options):
 
 @pytest.fixture(autouse=True)
 def _no_login_penalty(monkeypatch):
-    monkeypatch.setattr(lib.http.admin, "LOGIN_PENALTY", 0.0)
+    monkeypatch.setattr(lib.http.admin.guesses, "PENALTY", 0.0)
 
 
 def log_in(base: str) -> requests.Session:

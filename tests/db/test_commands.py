@@ -433,6 +433,10 @@ def test_db_url_of_the_embedded_server_is_one_psql_takes():
         (["failed", "--since", "1y"], "argument --since: a duration like 30m, 1h or 2d"),
         (["failed", "--since", "0m"], "argument --since: a duration"),
         (["failed", "--since", "99999999999d"], "argument --since: a duration"),
+        (
+            ["failed", "--since", "36501d"],
+            "argument --since: a duration like 30m, 1h or 2d, above 0 and at most 36500d",
+        ),
         (["failed", "--limit", "0"], "argument --limit: a whole number from 1 to 10000"),
         (["failed", "--limit", "many"], "argument --limit"),
         (["failed", "--queue", ""], "argument --queue: a non-empty text"),

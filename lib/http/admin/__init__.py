@@ -11,9 +11,12 @@ actions.py, and what every page shares in render.py.
 
 On only when JOBS_ADMIN_TOKEN is set. Every request presents the token: as
 `Authorization: Bearer <token>` (scripts), or as the session cookie the login
-form sets, which holds no token but a signed expiry. Cookie-authenticated
-POSTs also carry a CSRF token bound to that session; a bearer header needs
-none, since a browser never sends one by itself.
+form sets, which holds no token but a signed expiry (session.py). A wrong
+credential of any kind waits its turn at one gate for the whole process
+(guesses.py). Cookie-authenticated POSTs also carry a CSRF token bound to
+that session; a bearer header needs none, since a browser never sends one by
+itself. A filter or form value the page cannot read is answered with the
+page's "bad filter" message (filters.py), never an error.
 """
 
 from __future__ import annotations
@@ -30,11 +33,11 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import unquote, urlencode
 
-import gevent
-
 from lib.http.admin import bulk, jobs, views
 from lib.http.admin import job as one_job
 from lib.http.admin.actions import pause_queue, resume_queue, retry_failures, scale_queue
+from lib.http.admin.filters import BadFilter, readable
+from lib.http.admin.guesses import LOGIN
 from lib.http.admin.render import (
     FLASH,
     PREFIX,
@@ -44,7 +47,7 @@ from lib.http.admin.render import (
     done,
     environment,
 )
-from lib.http.admin.session import COOKIE, SESSION_SECONDS, Sessions
+from lib.http.admin.session import BUSY, COOKIE, SESSION_SECONDS, Sessions, busy_headers
 from lib.http.web import BadRequest, Environ, Request, Response, StartResponse, redirect, text
 from lib.operate import overview
 from lib.store.db import is_lock_timeout
@@ -56,12 +59,13 @@ log = logging.getLogger("jobs.admin")
 REFRESH = 5.0
 # Failures shown at once, newest first; a retry of the filtered set takes all.
 FAILURES_SHOWN = 100
-# A wrong token costs this long: guessing by the thousand becomes slow.
-LOGIN_PENALTY = 1.0
 
 # /jobs/<id>, and /jobs/<id>/<action> for a POST.
 _JOB_PATH = re.compile(r"^/jobs/(\d{1,19})(?:/(cancel|run-now|retry))?$")
-# Where an action that found its row locked sends the operator back to.
+# The pages that answer a bad filter on their own form; every other page's
+# arguments are read before the page is worked out.
+_OWN_FILTERS = ("/jobs", "/jobs/bulk", "/failures")
+# Where an action that found its row locked, or a value it could not read, sends the operator back to.
 _BACK = {"/retry": "/failures", "/jobs/bulk": "/jobs"}
 # How long an action's write waits for a row another transaction holds.
 ACTION_LOCK_TIMEOUT_MS = 2000
@@ -113,18 +117,9 @@ class Admin(Sessions):
         path = request.path[len(PREFIX) :] or "/"
         if path == "/login":
             return self._login(request)
-        bearer = request.header("Authorization")
-        if bearer is not None:
-            scheme, _, given = bearer.partition(" ")
-            if scheme.lower() != "bearer" or not self._token_ok(given.strip()):
-                return text(401, "unauthorized: bad bearer token")
-            session = None
-        else:
-            session = self._session(request)
-            if session is None:
-                if request.method in ("GET", "HEAD") and path != "/live":
-                    return redirect(f"{PREFIX}/login")
-                return text(401, "unauthorized: log in first")
+        refused, session = self._who(request, path)
+        if refused is not None:
+            return refused
         if request.method == "POST":
             # A form another site makes the browser send carries the cookie
             # (not with SameSite=Strict, but older browsers) and never the token.
@@ -133,7 +128,10 @@ class Admin(Sessions):
             return self._post(path, request, session)
         if request.method not in ("GET", "HEAD"):
             return text(405, "method not allowed")
-        page = self._get(path, request, session)
+        try:
+            page = self._get(path, request, session)
+        except BadFilter as exc:
+            return self._page("missing.html", request, session, status=400, heading="Bad filter", message=str(exc))
         return page if page is not None else self._missing(request, session, "There is no such page.")
 
     # -- pages
@@ -161,10 +159,12 @@ class Admin(Sessions):
         return Response(status, body, "text/html; charset=utf-8", headers)
 
     def _missing(self, request: Request, session: str | None, message: str) -> Response:
-        return self._page("missing.html", request, session, status=404, message=message)
+        return self._page("missing.html", request, session, status=404, heading="Not found", message=message)
 
     def _get(self, path: str, request: Request, session: str | None) -> Response | None:
         now = datetime.now(UTC)
+        if path not in _OWN_FILTERS:
+            readable(request.args())
         if path == "/":
             values = views.queues_page(self.site, request.arg("window"), now)
             return self._page("queues.html", request, session, live="queues", **values)
@@ -179,18 +179,7 @@ class Admin(Sessions):
         if path == "/jobs/bulk":
             return self._bulk_preview(request, session)
         if path == "/failures":
-            queue, name = request.arg("queue"), request.arg("name")
-            rows = self.db.query(Q.job_failed_list, {"queue": queue, "name": name, "limit": FAILURES_SHOWN})
-            return self._page(
-                "failures.html",
-                request,
-                session,
-                rows=rows,
-                queue=queue,
-                name=name,
-                shown=FAILURES_SHOWN,
-                queues=self.queues,
-            )
+            return self._failures(request, session)
         found = _JOB_PATH.match(path)
         if found and not found.group(2):
             return self._job(int(found.group(1)), request, session)
@@ -209,6 +198,16 @@ class Admin(Sessions):
         scale = None if most is None else {"most": most, "now": stats.scaled_to or most, "by": stats.scaled_by}
         return self._page("queue.html", request, session, live="queue", queue=queue, scale=scale, **values)
 
+    def _failures(self, request: Request, session: str | None) -> Response:
+        queue, name = request.arg("queue"), request.arg("name")
+        values = {"queue": queue, "name": name, "shown": FAILURES_SHOWN, "queues": self.queues}
+        try:
+            readable({"queue": queue, "name": name})
+        except BadFilter as exc:
+            return self._page("failures.html", request, session, status=400, rows=[], error=str(exc), **values)
+        rows = self.db.query(Q.job_failed_list, {"queue": queue, "name": name, "limit": FAILURES_SHOWN})
+        return self._page("failures.html", request, session, rows=rows, error=None, **values)
+
     def _live(self, request: Request) -> Response:
         """A page's numbers as JSON, for its script to write in place."""
         page = request.arg("page") or ""
@@ -224,7 +223,7 @@ class Admin(Sessions):
         values: dict[str, Any] = {"action": action, "cap": bulk.BULK_CAP, "preview": None, "error": None}
         try:
             values["preview"] = bulk.preview(self.db, action, jobs.read(request))
-        except jobs.BadFilter as exc:
+        except BadFilter as exc:
             return self._page("bulk.html", request, session, status=400, **(values | {"error": str(exc)}))
         return self._page("bulk.html", request, session, **values)
 
@@ -238,7 +237,7 @@ class Admin(Sessions):
         values |= {"rows": [], "next": None, "counts": {}}
         try:
             params = jobs.params(filters)
-        except jobs.BadFilter as exc:
+        except BadFilter as exc:
             return self._page("jobs.html", request, session, status=400, error=str(exc), **values)
         began = time.monotonic()
         try:
@@ -261,12 +260,19 @@ class Admin(Sessions):
 
     def _login(self, request: Request) -> Response:
         if request.method == "POST":
-            if self._token_ok(request.field("token")):
-                log.info("admin login from %s", request.environ.get("REMOTE_ADDR"))
+            # The body is read before full(): reading may yield, and nothing
+            # between full() and wait_turn may, or more than PLACES could wait.
+            given, address = request.field("token"), str(request.environ.get("REMOTE_ADDR") or "?")
+            if self.guesses.full():
+                self.guesses.turned_away(address)
+                page = self._page("login.html", request, None, status=429, error=BUSY)
+                page.headers.extend(busy_headers(self.guesses.penalty))
+                return page
+            if self._token_ok(given):
+                log.info("admin login from %s", address)
                 session = cookie(COOKIE, self._new_session(), max_age=SESSION_SECONDS)
                 return redirect(f"{PREFIX}/", [("Set-Cookie", session)])
-            log.warning("admin login refused from %s: wrong token", request.environ.get("REMOTE_ADDR"))
-            gevent.sleep(LOGIN_PENALTY)
+            self.guesses.wait_turn(LOGIN, address)
             return self._page("login.html", request, None, status=403, error="wrong token")
         if request.method not in ("GET", "HEAD"):
             return text(405, "method not allowed")
@@ -279,6 +285,8 @@ class Admin(Sessions):
         row another transaction holds (_locked_out)."""
         try:
             return self._do(path, request, session, self.db.lock_bounded(ACTION_LOCK_TIMEOUT_MS))
+        except BadFilter as exc:
+            return done(_back_of(path), f"nothing done: {exc}")
         except Exception as exc:
             if not is_lock_timeout(exc):
                 raise
@@ -316,7 +324,7 @@ def _bulk(request: Request, session: str | None, db: Any) -> Response:
         return done(back, "nothing done: a bulk action is retry or cancel")
     try:
         message = bulk.act(db, action, filters, _operator(session))
-    except jobs.BadFilter as exc:
+    except BadFilter as exc:
         return done(back, f"nothing done: {exc}")
     return done(back, message)
 
@@ -334,10 +342,14 @@ def _locked_out(path: str, session: str | None) -> Response:
     in psql, say): nothing done, and the operator may try again; no request
     waits behind such a transaction."""
     log.warning("admin %s by %s: a row it writes is locked; nothing done", path, _operator(session))
-    found = _JOB_PATH.match(path)
-    back = f"{PREFIX}/jobs/{found.group(1)}" if found else f"{PREFIX}{_BACK.get(path, '/')}"
     held = f"held by another transaction for over {ACTION_LOCK_TIMEOUT_MS / 1000:g}s"
-    return done(back, f"nothing done: a row it changes was {held}; try again")
+    return done(_back_of(path), f"nothing done: a row it changes was {held}; try again")
+
+
+def _back_of(path: str) -> str:
+    """The page an action's outcome is shown on, when it has none of its own."""
+    found = _JOB_PATH.match(path)
+    return f"{PREFIX}/jobs/{found.group(1)}" if found else f"{PREFIX}{_BACK.get(path, '/')}"
 
 
 def _operator(session: str | None) -> str:

@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode
 
+from lib.http.admin.filters import BadFilter, parse_id, readable
 from lib.http.admin.render import PREFIX, done, ids_text, present, when
 from lib.http.web import Request, Response
 from lib.operate.queue_state import pause, resume, scale
@@ -22,11 +23,14 @@ def scale_queue(db: Any, request: Request, operator: str, concurrency: Mapping[s
     """Set a queue's concurrency for every worker, up to its definition's (a
     queue this worker runs: the definition is here), or back to it."""
     queue, asked = request.field("queue") or "", (request.field("concurrency") or "").strip()
+    readable({"queue": queue})
     back = f"{PREFIX}/queue?{urlencode({'queue': queue})}"
     most = concurrency.get(queue)
     if most is None:
         return done(back, f"nothing done: this worker does not run {queue!r}; scale it where it runs, or with the CLI")
-    to = None if asked in ("", "default") else int(asked) if asked.isdigit() else 0
+    # ASCII digits alone: int() refuses "²", which str.isdigit takes, and thousands of digits.
+    whole = asked.isascii() and asked.isdigit() and len(asked) <= 6
+    to = None if asked in ("", "default") else int(asked) if whole else 0
     if to is not None and not 1 <= to <= most:
         return done(back, f"nothing done: {queue} runs from 1 to {most} jobs at once (its definition's concurrency)")
     scale(db, queue, to, f"admin {operator}")
@@ -36,9 +40,12 @@ def scale_queue(db: Any, request: Request, operator: str, concurrency: Mapping[s
 
 def retry_failures(db: Any, request: Request) -> Response:
     """Retry the failures chosen on the failures page: by id, or all of a queue or name."""
-    form = request.form()
-    ids = [int(i) for i in form.get("id", []) if i.isdigit() and 0 < int(i) < 2**63]
     queue, name = request.field("queue"), request.field("name")
+    readable({"queue": queue, "name": name})
+    given = request.form().get("id", [])
+    ids = [i for i in map(parse_id, given) if i is not None]
+    if len(ids) != len(given):
+        raise BadFilter("id: a job id is a whole number")
     back = f"{PREFIX}/failures" + (f"?{urlencode(present(queue=queue, name=name))}" if queue or name else "")
     if ids:
         result = redrive(db, ids=ids)
@@ -67,6 +74,7 @@ def pause_queue(db: Any, queue: str, request: Request, operator: str, *, pausabl
     reason, which the pause keeps with who paused it. Only a queue a worker
     runs, or would run (registered and on): a pause of a queue nothing runs
     would say it holds something it does not."""
+    readable({"queue": queue})
     back = _back(request)
     if queue not in pausable:
         return done(back, f"not paused: no live worker runs {queue}, and it is no registered queue that is on")
@@ -89,6 +97,7 @@ def pause_queue(db: Any, queue: str, request: Request, operator: str, *, pausabl
 
 
 def resume_queue(db: Any, queue: str, request: Request, operator: str) -> Response:
+    readable({"queue": queue})
     resumed = resume(db, queue)
     log.info("admin resumed queue=%s by %s", queue, operator)
     return done(_back(request), f"resumed {queue}" if resumed else f"{queue} was not paused")

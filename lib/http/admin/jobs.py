@@ -15,13 +15,14 @@ always shown.
 from __future__ import annotations
 
 import json
-import re
+import math
 import time
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode
 
+from lib.http.admin.filters import BadFilter, is_text, moment, parse_id, readable
 from lib.http.web import Request
 from lib.job import status as st
 from lib.store.sql import Q
@@ -50,16 +51,6 @@ NARROW_WINDOW = timedelta(days=1)
 COUNT_ORDER = ("running", "pending", "scheduled", "failed", "retrying", "all", "done", "ok", "fail", "skip")
 # The planner's estimate of a count, read from EXPLAIN's JSON.
 ESTIMATE = "EXPLAIN (FORMAT JSON) "
-# A search or a filter longer than this is no name anyone typed.
-MAX_TEXT = 1000
-MAX_ID = 2**63
-
-_RELATIVE = re.compile(r"^(\d{1,6})\s*([smhd])$")
-_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
-
-
-class BadFilter(ValueError):
-    """A filter or search the page cannot run; its text is shown on the page."""
 
 
 @dataclass(frozen=True)
@@ -89,22 +80,17 @@ def read(request: Request) -> Filters:
 
 def job_id(filters: Filters) -> int | None:
     """The job a search names by its number ("42" or "#42"), else None."""
-    text = (filters.q or "").removeprefix("#")
-    return int(text) if text.isdigit() and 0 < int(text) < MAX_ID else None
+    return parse_id((filters.q or "").removeprefix("#"))
 
 
 def params(filters: Filters, now: datetime | None = None) -> dict[str, Any]:
     """The named queries' parameters; BadFilter with what is wrong."""
-    for value in asdict(filters).values():
-        if value is not None and (len(value) > MAX_TEXT or "\x00" in value):
-            raise BadFilter(f"a filter is at most {MAX_TEXT} characters, with no NUL character")
+    readable(asdict(filters))
     if filters.state is not None and filters.state not in STATES + OUTCOMES:
         raise BadFilter(f"no state {filters.state!r}: one of {', '.join(STATES + OUTCOMES)}")
-    before = None
-    if filters.before is not None:
-        if not filters.before.isdigit() or int(filters.before) >= MAX_ID:
-            raise BadFilter("before is a job id")
-        before = int(filters.before)
+    before = parse_id(filters.before)
+    if filters.before is not None and before is None:
+        raise BadFilter("before is a job id")
     prefix, args = None, None
     q = filters.q
     if q is not None and job_id(filters) is None:
@@ -113,7 +99,8 @@ def params(filters: Filters, now: datetime | None = None) -> dict[str, Any]:
         else:
             prefix = q
     now = now or datetime.now(UTC)
-    since, until = _moment(filters.since, "created after", now), _moment(filters.until, "created before", now)
+    since = moment(filters.since, "created after", now)
+    until = moment(filters.until, "created before", now)
     return {
         "state": filters.state,
         "queue": filters.queue,
@@ -134,8 +121,15 @@ def _args_search(text: str) -> str | None:
     def refuse(constant: str) -> None:
         raise BadFilter(f"args search: {constant} is not JSON")
 
+    def finite(number: str) -> float:
+        # 1e999 reads as inf, which json.dumps writes as Infinity: no JSON either.
+        value = float(number)
+        if not math.isfinite(value):
+            raise BadFilter(f"args search: {number[:40]} is beyond a double")
+        return value
+
     try:
-        value = json.loads(text, parse_constant=refuse)
+        value = json.loads(text, parse_constant=refuse, parse_float=finite)
     except json.JSONDecodeError as exc:
         where = f"{exc.msg} at character {exc.pos + 1}"
         raise BadFilter(f'args search: not JSON ({where}); such as {{"customer_id": 42}}') from None
@@ -149,23 +143,10 @@ def _args_search(text: str) -> str | None:
     if "\\u0000" in sent:
         # Postgres's jsonb holds no NUL character: no job's args can contain one.
         raise BadFilter("args search: jsonb holds no \\u0000")
+    if not is_text(sent):
+        # A JSON "\ud800" with no pair decodes to a lone surrogate, which no encoding sends.
+        raise BadFilter("args search: a \\u escape of half a character (a lone surrogate)")
     return sent
-
-
-def _moment(text: str | None, label: str, now: datetime) -> datetime | None:
-    """A time as typed: "2026-01-02 03:04" (UTC unless it says its zone), or
-    an age ("15m", "2h", "7d") before now."""
-    if text is None:
-        return None
-    relative = _RELATIVE.match(text)
-    if relative:
-        return now - timedelta(**{_UNITS[relative.group(2)]: int(relative.group(1))})
-    try:
-        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        example = "2026-01-02 03:04 (UTC), or an age such as 15m, 2h, 7d"
-        raise BadFilter(f"{label}: {text!r} is not a time; {example}") from None
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 @dataclass(frozen=True)
