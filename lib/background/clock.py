@@ -191,10 +191,6 @@ def check_schedule(schedule: Iterable[Scheduled]) -> None:
         raise ValueError(f"the schedule lists these jobs more than once: {', '.join(twice)}")
 
 
-def utc_now() -> datetime:
-    return datetime.now(UTC)
-
-
 def each_minute(
     tick: Callable[[datetime], object],
     stop: Event,
