@@ -30,7 +30,14 @@ def start(database_url: str, name: str, log: Path, prefix: list[str]) -> subproc
         return subprocess.Popen(
             [*prefix, sys.executable, str(CLOCK_WORKER)],
             cwd=ROOT,
-            env={**os.environ, "DATABASE_URL": database_url, "CLOCK_WORKER": name, "LOG_LEVEL": "INFO", "TZ": "UTC"},
+            env={
+                **os.environ,
+                "DATABASE_URL": database_url,
+                "CLOCK_WORKER": name,
+                "LOG_LEVEL": "INFO",
+                "LOG_FORMAT": "text",
+                "TZ": "UTC",
+            },
             stdout=out,
             stderr=subprocess.STDOUT,
         )
