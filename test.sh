@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The tests on any machine: a virtualenv with requirements.txt and, as root
-# with apt-get, the Debian packages two test files drive (chromium for the
-# admin page's browser tests, pgbouncer for the pooler tests). Where they
-# cannot be installed those tests skip, naming the package (a failure under
+# with apt-get, the Debian packages three test files drive (chromium for the
+# admin page's browser tests, pgbouncer for the pooler tests, faketime for a
+# worker whose host clock is wrong). Where they cannot be installed those tests skip, naming the package (a failure under
 # CI=true: tests/conftest.py). Arguments go to pytest; PYTHON picks the
 # interpreter that makes the virtualenv, VENV its folder.
 set -euo pipefail
@@ -12,7 +12,7 @@ VENV=${VENV:-.venv}
 
 # Installed as far as dpkg knows: apt-get would do nothing for these.
 missing=()
-for package in chromium pgbouncer; do
+for package in chromium pgbouncer faketime; do
   if ! dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q 'ok installed'; then
     missing+=("$package")
   fi

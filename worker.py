@@ -420,7 +420,7 @@ def run(
     if listener is not None:
         helpers.append(supervisor.spawn("listener", listener.run))
     if schedule:
-        helpers.append(supervisor.spawn("clock", Clock(db, list(schedule)).run))
+        helpers.append(supervisor.spawn("clock", Clock(db, list(schedule), outage=outage).run))
     helpers.append(supervisor.spawn("rollup", Rollup(db, outage=outage).run))
     if settings.http_addr is not None:
         # Only here: the endpoints load prometheus-client, which a worker that

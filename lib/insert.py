@@ -125,10 +125,48 @@ def encode_args(args: Any) -> str:
         raise InvalidJob(f"args are not JSON-serialisable: {exc}") from None
     if "\\u0000" in text:
         raise InvalidJob("args contain a NUL character, which Postgres cannot store in jsonb")
-    # A character is at most 4 bytes in UTF-8: a short text needs no encoding to measure.
-    if len(text) > MAX_ARGS_BYTES // 4 and (size := len(text.encode())) > MAX_ARGS_BYTES:
-        raise InvalidJob(f"args are {size} bytes as JSON; the limit is {MAX_ARGS_BYTES}")
+    if too_big := oversize(args, text):
+        raise InvalidJob(too_big)
     return text
+
+
+def oversize(args: Any, compact: str | None = None) -> str | None:
+    """Why args are over MAX_ARGS_BYTES, or None. The one measure of the
+    limit, taken at insert and again at claim on the args read back from
+    the row, so a job the insert takes is never refused when it is claimed:
+    the size of args as compact UTF-8 JSON, each number written as the
+    database keeps it. compact: _encode(args), when the caller has it."""
+    text = _encode(args) if compact is None else compact
+    # Only Python's exponents ("1e+300") are shorter than the database's
+    # digits; a character is at most 4 bytes: a short text without one is
+    # within the limit unmeasured.
+    exponents = "e+" in text
+    if len(text) <= MAX_ARGS_BYTES // 4 and not exponents:
+        return None
+    size = len(text.encode()) + (_digits_beyond_exponents(args) if exponents else 0)
+    if size <= MAX_ARGS_BYTES:
+        return None
+    return f"args are {size} bytes as compact JSON; the limit is {MAX_ARGS_BYTES}"
+
+
+def _digits_beyond_exponents(args: Any) -> int:
+    """The bytes a float Python writes with a positive exponent takes beyond
+    its text as the database keeps it: jsonb keeps 1e+300 as its 301 digits,
+    and a claim reads it back as that int."""
+    extra = 0
+    values = [args]
+    while values:  # a loop: args json could nest deeper than Python recurses
+        value = values.pop()
+        if isinstance(value, dict):
+            values.extend(value.values())
+        elif isinstance(value, list | tuple):
+            values.extend(value)
+        elif isinstance(value, float):
+            text = float.__repr__(value)  # as json writes it, a float subclass too
+            if "e+" in text:
+                # One digit before the point, then as many as the exponent says.
+                extra += (value < 0) + int(text.partition("e+")[2]) + 1 - len(text)
+    return extra
 
 
 def check_name(field: str, value: Any) -> str:

@@ -26,3 +26,7 @@ SELECT max(minute) FROM clock_ticks WHERE name = %(name)s AND entry IN (%(entry)
 -- name: clock_prune
 -- Forget the minutes before the cut-off; catch-up never looks back more than a day.
 DELETE FROM clock_ticks WHERE minute < %(before)s
+
+-- name: clock_now
+-- The database's time of day as it runs the statement, not as its transaction began: what the clock ticks by.
+SELECT clock_timestamp()

@@ -269,14 +269,17 @@ def at(day: int, hour: int, minute: int, second: int = 0) -> datetime:
 
 
 class FakeTime:
-    """now() for Clock.run: the given times in turn; the last one also sets stop."""
+    """now() for Clock.run: the given times in turn, an exception among them
+    raised in its turn (a time that cannot be read); the last one also sets stop."""
 
-    def __init__(self, times: list[datetime], stop: Event) -> None:
+    def __init__(self, times: list[datetime | Exception], stop: Event) -> None:
         self.times = times
         self.stop = stop
 
     def __call__(self) -> datetime:
         if len(self.times) == 1:
             self.stop.set()
-            return self.times[0]
-        return self.times.pop(0)
+        now = self.times[0] if len(self.times) == 1 else self.times.pop(0)
+        if isinstance(now, Exception):
+            raise now
+        return now

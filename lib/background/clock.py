@@ -1,5 +1,5 @@
 """The clock: once a minute, enqueue each scheduled job whose predicate matches
-the current UTC minute.
+the current UTC minute, by the database's clock (lib/background/db_time.py).
 
 Every worker process runs a clock. An entry fires once per matching minute
 however many run, because the statement that enqueues it also records (entry,
@@ -24,8 +24,9 @@ from typing import Any
 
 from gevent.event import Event
 
+from lib.background.db_time import DatabaseTime
 from lib.insert import check_name, encode_args
-from lib.setup.errors import capture
+from lib.setup.errors import Outage, capture
 from lib.store.db import DB
 from lib.store.sql import Q
 
@@ -41,6 +42,8 @@ CATCH_UP_WINDOW = timedelta(hours=24)
 # clock_ticks rows older than this are deleted; catch-up reads only the last day.
 KEEP_TICKS = timedelta(days=3)
 PRUNE_EVERY = timedelta(hours=1)
+# How often a loop whose time cannot be read (the database is away) asks again.
+TIME_RETRY = 5.0
 
 
 @dataclass(frozen=True)
@@ -188,28 +191,35 @@ def check_schedule(schedule: Iterable[Scheduled]) -> None:
         raise ValueError(f"the schedule lists these jobs more than once: {', '.join(twice)}")
 
 
-def utc_now() -> datetime:
-    return datetime.now(UTC)
-
-
-def each_minute(tick: Callable[[datetime], object], stop: Event, now: Callable[[], datetime], what: str) -> None:
-    """tick(minute) at each minute boundary until stop is set. A loop that
-    wakes late (a suspended VM, a starved hub) ticks the minute it woke in;
-    the minutes between are missed, as if it had been down."""
-    minute = floor_minute(now())
+def each_minute(
+    tick: Callable[[datetime], object],
+    stop: Event,
+    now: Callable[[], datetime],
+    what: str,
+    *,
+    unread: Outage | None = None,
+) -> None:
+    """tick(minute) at each minute boundary of now()'s time until stop is
+    set. A loop that wakes late (a suspended VM, a starved hub) ticks the
+    minute it woke in; the minutes between are missed, as if it had been
+    down. While now() raises (the database's time cannot be read) nothing
+    is ticked: it is asked again every TIME_RETRY seconds, and the run of
+    failures is reported once through unread."""
+    unread = unread or Outage(f"{what} time")
+    last: datetime | None = None  # the minute ticked last, or that the loop started in
     while not stop.is_set():
-        minute += MINUTE
-        while (delay := (minute - now()).total_seconds()) > 0:
-            if delay > 2 * MINUTE.total_seconds():
-                # The wall clock stepped back: wait for the next minute of the new time.
-                minute = floor_minute(now()) + MINUTE
-                continue
-            if stop.wait(delay):
+        try:
+            last = last or floor_minute(now())
+            minute = _next_minute(last, stop, now, what)
+        except Exception as exc:
+            unread.failed(exc)
+            if stop.wait(TIME_RETRY):
                 return
-        woke = floor_minute(now())
-        if woke > minute:
-            log.warning("%s woke at %s, late for %s; the minutes between are not replayed", what, woke, minute)
-            minute = woke
+            continue
+        unread.recovered()
+        if minute is None:
+            return
+        last = minute
         try:
             tick(minute)
         except Exception as exc:  # a bug in tick itself must not stop the loop
@@ -217,11 +227,42 @@ def each_minute(tick: Callable[[datetime], object], stop: Event, now: Callable[[
             capture(exc, message=f"{what} tick")
 
 
+def _next_minute(last: datetime, stop: Event, now: Callable[[], datetime], what: str) -> datetime | None:
+    """Wait for the minute after last; the minute to tick (that one, or the
+    later one the loop woke in), or None when stop is set first."""
+    minute = last + MINUTE
+    while (delay := (minute - now()).total_seconds()) > 0:
+        if delay > 2 * MINUTE.total_seconds():
+            # The time stepped back: wait for the next minute of the new time.
+            minute = floor_minute(now()) + MINUTE
+            continue
+        if stop.wait(delay):
+            return None
+    woke = floor_minute(now())
+    if woke > minute:
+        log.warning("%s woke at %s, late for %s; the minutes between are not replayed", what, woke, minute)
+        return woke
+    return minute
+
+
 class Clock:
-    def __init__(self, db: DB, schedule: Iterable[Scheduled], *, now: Callable[[], datetime] = utc_now) -> None:
+    def __init__(
+        self,
+        db: DB,
+        schedule: Iterable[Scheduled],
+        *,
+        now: Callable[[], datetime] | None = None,
+        outage: Outage | None = None,
+    ) -> None:
+        """now: the time the clock ticks by, the database's unless given.
+        outage: where a run of failures to read it is reported (the worker's
+        one report of the database's outage)."""
         self.db = db
         self.schedule = list(schedule)
-        self.now = now
+        # The database's time, not the host's: workers on hosts whose clocks
+        # disagree tick the same minute at the same moment.
+        self.now = now or DatabaseTime(db)
+        self.outage = outage
         check_schedule(self.schedule)
         # Catch-up is owed until it has been checked once; a tick that fails
         # (the database is down at start) leaves it owed for the next tick.
@@ -230,7 +271,7 @@ class Clock:
 
     def run(self, stop: Event) -> None:
         """Tick at each minute boundary until stop is set."""
-        each_minute(self.tick, stop, self.now, "clock")
+        each_minute(self.tick, stop, self.now, "clock", unread=self.outage)
 
     def tick(self, minute: datetime) -> list[int]:
         """Enqueue the entries due at this minute (and owed catch-ups); the ids

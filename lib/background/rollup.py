@@ -22,7 +22,8 @@ from datetime import datetime, timedelta
 
 from gevent.event import Event
 
-from lib.background.clock import MINUTE, each_minute, floor_minute, utc_now
+from lib.background.clock import MINUTE, each_minute, floor_minute
+from lib.background.db_time import DatabaseTime
 from lib.setup.errors import Outage
 from lib.store.db import DB, is_conn_failure
 from lib.store.sql import Q
@@ -39,14 +40,15 @@ LOCK_TIMEOUT = 2.0
 
 
 class Rollup:
-    def __init__(self, db: DB, *, outage: Outage | None = None, now: Callable[[], datetime] = utc_now) -> None:
+    def __init__(self, db: DB, *, outage: Outage | None = None, now: Callable[[], datetime] | None = None) -> None:
         self.db = db
-        self.now = now
+        # The minutes are the database's, as the finished_at they count are.
+        self.now = now or DatabaseTime(db)
         self._database = outage or Outage("database")
         self._own = Outage("rollup")
 
     def run(self, stop: Event) -> None:
-        each_minute(self.tick, stop, self.now, "rollup")
+        each_minute(self.tick, stop, self.now, "rollup", unread=self._database)
 
     def tick(self, minute: datetime) -> None:
         try:

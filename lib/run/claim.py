@@ -10,7 +10,7 @@ import time
 from typing import Any, NamedTuple
 
 from lib.background.leases import Leases
-from lib.insert import MAX_ARGS_BYTES
+from lib.insert import MAX_ARGS_BYTES, oversize
 from lib.job import PendingJob
 from lib.job import status as st
 from lib.run.completer import Completer
@@ -19,6 +19,11 @@ from lib.store.db import DB, is_data_error, is_server_error, is_unique_violation
 from lib.store.sql import Q
 
 log = logging.getLogger("jobs")
+
+# jsonb prints a float Python wrote as 5e-324 in 326 characters, the most it
+# widens any args: a printed text longer than this is over the limit by any
+# measure, and is refused undecoded.
+PRINTED_CEILING = 64 * MAX_ARGS_BYTES
 
 
 class ClaimResult(NamedTuple):
@@ -160,10 +165,21 @@ def decode_args(text: str | None) -> tuple[Any, str | None]:
     with the reason instead of failing every claim of its queue."""
     if text is None:
         return None, "args are NULL"
-    size = len(text.encode())
-    if size > MAX_ARGS_BYTES:
-        return None, f"args are {size} bytes as JSON; the limit is {MAX_ARGS_BYTES}"
+    if len(text) > PRINTED_CEILING:
+        # Not decoded: the objects of a text this long can take gigabytes.
+        return None, f"args are {len(text)} characters as jsonb prints them; the limit is {MAX_ARGS_BYTES} bytes"
     try:
-        return json.loads(text), None
+        args = json.loads(text)
+        # jsonb prints ", " and ": " where compact JSON has "," and ":", and
+        # each number in full: its text is never smaller than what the limit
+        # measures, so a text within the limit is not measured again.
+        too_big = oversize(args) if _over(text) else None
     except (ValueError, RecursionError) as exc:
         return None, f"args cannot be decoded: {type(exc).__name__}: {first_line(exc)}"
+    return (None, too_big) if too_big else (args, None)
+
+
+def _over(text: str) -> bool:
+    """Whether text is more than MAX_ARGS_BYTES of UTF-8; a character is at
+    most 4 bytes, so a short text is not encoded to know."""
+    return len(text) > MAX_ARGS_BYTES // 4 and len(text.encode()) > MAX_ARGS_BYTES

@@ -1,6 +1,7 @@
 import json
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 from zoneinfo import ZoneInfo
 
 import psycopg2
@@ -126,6 +127,67 @@ def test_bad_input_is_refused_before_anything_is_written(db, queue, name, args, 
 def test_args_just_under_the_limit_are_taken(db):
     filler = "x" * (MAX_ARGS_BYTES - len(json.dumps({"s": ""}, separators=(",", ":"))))
     assert insert(db, "q", "q.X", {"s": filler}) is not None
+
+
+def compact_size(args: Any) -> int:
+    return len(json.dumps(args, separators=(",", ":"), ensure_ascii=False).encode())
+
+
+def args_of(size: int, item: Any) -> dict[str, Any]:
+    """Args of exactly `size` bytes as compact UTF-8 JSON: a list of item,
+    and a string that makes up the rest."""
+    args: dict[str, Any] = {"items": [item], "pad": ""}
+    each = compact_size([item, item]) - compact_size([item])
+    args["items"] = [item] * ((size - compact_size(args)) // each)
+    args["pad"] = "x" * (size - compact_size(args))
+    assert compact_size(args) == size
+    return args
+
+
+# Items that jsonb prints longer than compact JSON: a separator after each
+# key and element (", " and ": "), and characters of two to four bytes.
+WIDE_ITEMS = [0, {"é": ["ü", 1]}, 'naïve 😀 \u2028 "quoted"']
+
+
+@pytest.mark.parametrize("item", WIDE_ITEMS, ids=["ints", "objects", "strings"])
+@pytest.mark.parametrize("how", ["insert", "insert_many"])
+def test_args_at_the_limit_are_run_and_one_byte_more_refused(db, item, how):
+    """The limit is one measure at insert and at claim: args the insert
+    takes are run, whatever jsonb makes of their separators and characters."""
+    write = (
+        (lambda args: insert(db, "q", "q.Big", args))
+        if how == "insert"
+        else (lambda args: insert_many(db, [Job("q", "q.Big", args)])[0])
+    )
+    at_limit = args_of(MAX_ARGS_BYTES, item)
+    (printed,) = db.query_row("SELECT octet_length(%s::jsonb::text)", (json.dumps(at_limit),))
+    assert printed > MAX_ARGS_BYTES  # what today's claim measured
+    job_id = write(at_limit)
+    seen: list[Any] = []
+    poller = make_poller("q", db, {"q.Big": lambda job: seen.append(job.args) or "ok"})
+    assert poller.work_once() == "ok", db.query_row("SELECT status FROM jobs WHERE id = %s", (job_id,))
+    assert seen == [at_limit]
+    with pytest.raises(InvalidJob, match=f"args are {MAX_ARGS_BYTES + 1} bytes as compact JSON"):
+        write(args_of(MAX_ARGS_BYTES + 1, item))
+    assert count_jobs(db) == 1
+
+
+def test_large_floats_count_the_digits_the_database_keeps(db):
+    """Python writes 1e+300 in six characters; jsonb keeps it as 301 digits,
+    and the claim reads back the int 10**300: the insert counts the digits,
+    as the claim does."""
+    at_limit = args_of(MAX_ARGS_BYTES, 10**300)
+    floats = {**at_limit, "items": [1e300] * len(at_limit["items"])}
+    assert compact_size(floats) < MAX_ARGS_BYTES // 10
+    job_id = insert(db, "q", "q.Big", floats)
+    seen: list[Any] = []
+    poller = make_poller("q", db, {"q.Big": lambda job: seen.append(job.args) or "ok"})
+    assert poller.work_once() == "ok", db.query_row("SELECT status FROM jobs WHERE id = %s", (job_id,))
+    assert seen == [at_limit]
+    over = args_of(MAX_ARGS_BYTES + 1, -(10**300))
+    with pytest.raises(InvalidJob, match=f"args are {MAX_ARGS_BYTES + 1} bytes as compact JSON"):
+        insert(db, "q", "q.Big", {**over, "items": [-1e300] * len(over["items"])})
+    assert count_jobs(db) == 1
 
 
 def test_insert_many_in_one_statement(db, database_url):

@@ -57,7 +57,15 @@ POISON = [
         "jsonb_build_object('name', repeat('x', 20 * 1024 * 1024))",
         "poison.Args",
         {},
-        "err: BadArgs: args are 20971532 bytes as JSON; the limit is 262144",
+        "err: BadArgs: args are 20971532 characters as jsonb prints them; the limit is 262144 bytes",
+    ),
+    # The measure of the insert: compact JSON, without the spaces jsonb prints.
+    (
+        "args one byte over the limit",
+        "jsonb_build_object('name', repeat('é', 131067))",
+        "poison.Args",
+        {},
+        "err: BadArgs: args are 262145 bytes as compact JSON; the limit is 262144",
     ),
     (
         "a name with a newline",

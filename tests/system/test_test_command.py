@@ -1,7 +1,7 @@
-"""The README's test command on a machine without the Debian packages two test
-modules drive (chromium, pgbouncer), hidden here in a private mount namespace:
-those modules are skipped, one line each naming the package, and the run is
-green; under CI=true the same run is red."""
+"""The README's test command on a machine without the Debian packages three
+test modules drive (chromium, pgbouncer, faketime), hidden here in a private
+mount namespace: those modules are skipped, one line each naming the
+package, and the run is green; under CI=true the same run is red."""
 
 import os
 import shutil
@@ -10,15 +10,20 @@ import subprocess
 import pytest
 from tests_support import ROOT
 
-HIDDEN = {"chromium": "/usr/bin/chromium", "pgbouncer": "/usr/sbin/pgbouncer"}
-MODULES = ["tests/system/test_admin_browser.py", "tests/system/test_pgbouncer.py", "tests/db/test_status.py"]
+HIDDEN = {"chromium": "/usr/bin/chromium", "pgbouncer": "/usr/sbin/pgbouncer", "faketime": "/usr/bin/faketime"}
+MODULES = [
+    "tests/system/test_admin_browser.py",
+    "tests/system/test_pgbouncer.py",
+    "tests/system/test_clock_skew.py",
+    "tests/db/test_status.py",
+]
 
 if os.geteuid() != 0 or shutil.which("unshare") is None:
     pytest.skip("hiding the packages needs root and unshare", allow_module_level=True)
 
 
 def run_hidden(**env: str) -> subprocess.CompletedProcess:
-    """./test.sh on MODULES with both programs bind-mounted over by /dev/null
+    """./test.sh on MODULES with the programs bind-mounted over by /dev/null
     (not executable), in a mount namespace of its own."""
     hide = " && ".join(f"mount --bind /dev/null {path}" for path in HIDDEN.values() if os.path.exists(path))
     script = f"{hide + ' && ' if hide else ''}exec ./test.sh -q -p no:randomly {' '.join(MODULES)}"
@@ -40,7 +45,7 @@ def test_without_the_packages_their_tests_skip_with_one_line_each_and_the_run_is
     done = run_hidden()
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     lines = skip_lines(done.stdout)
-    assert len(lines) == 2, done.stdout[-3000:]
+    assert len(lines) == len(HIDDEN), done.stdout[-3000:]
     for package in HIDDEN:
         assert sum(f"needs the Debian package {package} " in line for line in lines) == 1, lines
 
