@@ -28,12 +28,15 @@ from lib.operate import overview, queue_state, setup_check  # noqa: E402
 from lib.operate.queue_state import declare_rate, pause, resume  # noqa: E402
 from lib.run.poller import Poller  # noqa: E402
 from lib.run.queue import AUTH_PREFIX, Queue  # noqa: E402
+from lib.run.recovery import Recovery  # noqa: E402
 from lib.run.runtime import Runtime  # noqa: E402
 from lib.setup import errors, logs  # noqa: E402
 from lib.setup.dsn import dsn_place, mask_secret  # noqa: E402
 from lib.setup.errors import Outage  # noqa: E402
 from lib.setup.settings import SettingError, Settings  # noqa: E402
-from lib.store.db import DB, behind_pooler, is_conn_failure, is_database_error  # noqa: E402
+from lib.store.connections import behind_pooler  # noqa: E402
+from lib.store.db import DB  # noqa: E402
+from lib.store.errors import is_conn_failure, is_database_error  # noqa: E402
 from lib.store.forks import refuse_fork  # noqa: E402
 from lib.store.group_commit import Committer  # noqa: E402
 from lib.store.migrate import migrate  # noqa: E402
@@ -56,6 +59,11 @@ NO_HTTP = Settings(http_addr=None)
 # Connections open only when used and close when idle (lib/store/db.py): the
 # pollers' claims and outcomes share the group commit's one (lib/store/group_commit.py).
 POOL_BUFFER = 4
+
+# Seconds without a failure before a success ends a report of the database's
+# outage: longer than the longest gap between two parts' failures while it
+# lasts (the rescue's, a lease apart when idle).
+OUTAGE_QUIET = 60.0
 
 # How long the pollers interrupted at the end of the shutdown window have to
 # write their outcomes (an interrupted job's, or one already on its way).
@@ -362,8 +370,10 @@ def run(
     refuse_fork()  # a handler's fork would clone the whole worker (lib/store/forks.py)
     stop = stop or Event()
     supervisor = supervisor or Supervisor(stop)
-    # One report for an outage of the database, not one per queue or part.
-    outage = Outage("database")
+    # One report for an outage of the database, not one per queue or part,
+    # and one per spell: a part that succeeds while others fail (a read while
+    # writes are refused) does not end it.
+    outage = Outage("database", quiet=OUTAGE_QUIET)
     queues, registered, declaring = _queues_to_run(db, registry, settings.queues, outage)
     # Before any part starts: a start-up report, not a step in their timing.
     _say_unrun(db, registered)
@@ -422,6 +432,8 @@ def run(
     if schedule:
         helpers.append(supervisor.spawn("clock", Clock(db, list(schedule), outage=outage).run))
     helpers.append(supervisor.spawn("rollup", Rollup(db, outage=outage).run))
+    # The database's return wakes every poller at once (lib/run/recovery.py).
+    helpers.append(supervisor.spawn("recovery", Recovery(db, outage, lambda: _wake(pollers)).run))
     if settings.http_addr is not None:
         # Only here: the endpoints load prometheus-client, which a worker that
         # serves none does without (lib/setup/counters.py).

@@ -62,6 +62,10 @@ SET status = 'pending', started_at = NULL, attempts = attempts - 1,
     worker_id = NULL, slot = NULL, lease_until = NULL
 WHERE id = %(id)s AND worker_id = %(worker_id)s AND attempts = %(attempts)s AND status = 'started'
 
+-- name: database_writable
+-- Whether a new transaction of this session may write: false while the database is read-only (or a standby).
+SELECT current_setting('transaction_read_only') = 'off'
+
 -- name: queue_notify
 -- Tell every worker's pollers of a queue to look now (its slot was freed, say).
 SELECT pg_notify('jobs', %(queue)s)

@@ -28,6 +28,7 @@ from lib.background.db_time import DatabaseTime
 from lib.insert import check_name, encode_args
 from lib.setup.errors import Outage, capture
 from lib.store.db import DB
+from lib.store.errors import is_database_error, is_outage
 from lib.store.sql import Q
 
 log = logging.getLogger("jobs.clock")
@@ -212,6 +213,8 @@ def each_minute(
             last = last or floor_minute(now())
             minute = _next_minute(last, stop, now, what)
         except Exception as exc:
+            if not is_database_error(exc):
+                raise  # a bug (or a kill): the supervisor reports it and restarts the part
             unread.failed(exc)
             if stop.wait(TIME_RETRY):
                 return
@@ -283,6 +286,10 @@ class Clock:
             try:
                 job_id = self._tick_entry(entry, minute)
             except Exception as exc:
+                if is_outage(exc) and self.outage is not None:
+                    # The database's (read-only, say): one report for the spell, not one an entry a minute.
+                    self.outage.failed(exc)
+                    continue
                 log.error("clock job=%s queue=%s err: %s", entry.name, entry.queue, exc)
                 capture(exc, message="clock job", queue=entry.queue, job=entry.name)
                 continue
@@ -349,5 +356,8 @@ class Clock:
         try:
             self.db.exec(Q.clock_prune, {"before": minute - KEEP_TICKS})
         except Exception as exc:
+            if is_outage(exc) and self.outage is not None:
+                self.outage.failed(exc)
+                return
             log.warning("clock could not prune clock_ticks: %s", exc)
             capture(exc, message="clock prune")

@@ -25,7 +25,7 @@ from gevent.event import Event
 
 from lib.greenlets.backoff import Backoff
 from lib.setup.errors import Outage
-from lib.store.db import is_database_error, is_lock_timeout
+from lib.store.errors import is_database_error, is_lock_timeout
 from lib.store.sql import Q
 
 log = logging.getLogger("jobs.dedupe")

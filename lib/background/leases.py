@@ -25,15 +25,9 @@ from gevent.event import Event
 from lib.job import status as st
 from lib.setup import counters
 from lib.setup.errors import Outage, capture
-from lib.store.db import (
-    DB,
-    DeadlineConnection,
-    NoReply,
-    connect_options,
-    deadline_connection,
-    is_database_error,
-    is_server_error,
-)
+from lib.store.connections import DeadlineConnection, connect_options, deadline_connection
+from lib.store.db import DB
+from lib.store.errors import NoReply, is_database_error, is_outage, is_server_error
 from lib.store.sql import Q
 
 log = logging.getLogger("jobs.leases")
@@ -158,7 +152,8 @@ class Leases:
             log.error(
                 "id=%d lease could not be renewed in time; its handler is stopped, no outcome written", held.job_id
             )
-            capture(LeaseLost(f"job {held.job_id}: lease not renewed"), message="lease lost", job_id=held.job_id)
+            if not self.outage.failing:  # else the database's outage is what cost the lease, and is reported
+                capture(LeaseLost(f"job {held.job_id}: lease not renewed"), message="lease lost", job_id=held.job_id)
             held.fence()
         return fenced
 
@@ -191,7 +186,8 @@ class Leases:
             try:
                 rows = self._rescue(params, seen=True)
             except Exception as exc:
-                if not is_server_error(exc):
+                # One row's fault is met row by row; the database's (read-only) by none of them.
+                if not is_server_error(exc) or is_outage(exc):
                     raise
                 rows = self._rescue_each(params, exc)
         for job_id, queue, name, status in rows:
@@ -294,7 +290,9 @@ class Leases:
                 # Connected the first time a job is held: an idle worker holds no connection for it.
                 if self.held and (conn is None or conn.closed):
                     conn = self._thread_connect()
-                if conn is not None:
+                # Only a renewal that ran says the database is back: with
+                # nothing held no statement goes, and nothing is learnt.
+                if conn is not None and self.held:
                     conn.deadline = time.monotonic() + self.round_trip
                     self.heartbeat(_Conn(conn))
                     self.outage.recovered()

@@ -25,7 +25,8 @@ from gevent.event import Event
 from lib.background.clock import MINUTE, each_minute, floor_minute
 from lib.background.db_time import DatabaseTime
 from lib.setup.errors import Outage
-from lib.store.db import DB, is_conn_failure
+from lib.store.db import DB
+from lib.store.errors import is_outage
 from lib.store.sql import Q
 
 log = logging.getLogger("jobs.rollup")
@@ -54,7 +55,7 @@ class Rollup:
         try:
             self.roll_up(minute)
         except Exception as exc:
-            (self._database if is_conn_failure(exc) else self._own).failed(exc)
+            (self._database if is_outage(exc) else self._own).failed(exc)
             return
         self._database.recovered()
         self._own.recovered()

@@ -32,7 +32,7 @@ from lib.http.health import Health
 from lib.http.web import App, Environ, Request, StartResponse, text
 from lib.operate import overview
 from lib.setup.errors import capture
-from lib.store.db import PoolTimeout, is_conn_failure
+from lib.store.errors import PoolTimeout, is_outage
 
 log = logging.getLogger("jobs.http")
 
@@ -94,11 +94,12 @@ def make_app(health: Health, registry: CollectorRegistry, *, admin: App | None =
                 return text(404, "not found")(environ, start_response)
             return text(200 if ok else 503, reason)(environ, start_response)
         except Exception as exc:
-            if is_conn_failure(exc) or isinstance(exc, PoolTimeout):
-                # The database's outage, which the pollers report once; a page
-                # asked meanwhile says so instead of adding an event per request.
-                log.warning("%s %s: database unreachable: %s", request.method, path, exc)
-                return text(503, "database unreachable; try again shortly")(environ, start_response)
+            if is_outage(exc) or isinstance(exc, PoolTimeout):
+                # The database's outage (unreachable, read-only), which the
+                # pollers report once; a page asked meanwhile says so instead
+                # of adding an event per request.
+                log.warning("%s %s: database unavailable: %s", request.method, path, exc)
+                return text(503, "database unavailable; try again shortly")(environ, start_response)
             # A bug in one page: reported, and the server goes on.
             log.error("%s %s failed: %s: %s", request.method, path, type(exc).__name__, exc, exc_info=exc)
             capture(exc, message="http request", path=path)
@@ -231,7 +232,7 @@ def worker_app(
         supervisor=supervisor,
         committer=committer,
         outage=outage,
-        conn_failure=is_conn_failure,
+        conn_failure=is_outage,
     )
     admin = None
     if admin_token:

@@ -15,7 +15,8 @@ from lib.job import PendingJob
 from lib.job import status as st
 from lib.run.completer import Completer
 from lib.setup.errors import capture
-from lib.store.db import DB, is_data_error, is_server_error, is_unique_violation
+from lib.store.db import DB
+from lib.store.errors import is_data_error, is_server_error, is_unique_violation
 from lib.store.sql import Q
 
 log = logging.getLogger("jobs")

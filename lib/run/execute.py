@@ -34,7 +34,8 @@ from lib.run.outcome import (
     UnknownJob,
     UnknownName,
 )
-from lib.store.db import DB, is_database_error
+from lib.store.db import DB
+from lib.store.errors import is_database_error
 
 log = logging.getLogger("jobs")
 

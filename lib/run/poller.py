@@ -28,7 +28,8 @@ from lib.run.runtime import Runtime
 from lib.run.write import Writer
 from lib.setup import counters
 from lib.setup.errors import Outage, capture
-from lib.store.db import DB, is_database_error, is_server_error
+from lib.store.db import DB
+from lib.store.errors import is_database_error, is_outage, is_server_error
 
 log = logging.getLogger("jobs")
 
@@ -86,6 +87,7 @@ class Poller:
             self.leases,
             kills=runtime.kills,
             release=self.releaser.release,
+            outage=self.outage,
         )
 
     @property
@@ -124,7 +126,9 @@ class Poller:
                     found = self.claimer.claim(None, slot)
                 except Exception as exc:
                     _claim_failed(exc, self.queue, self.outage, self.claim_fault)
-                    stop.wait(retry.failed())
+                    # A wakeup (a commit, the listener back, the database's
+                    # return: lib/run/recovery.py) cuts the backoff short.
+                    gevent.wait([stop, wakeup], timeout=retry.failed(), count=1)
                     continue
                 self.outage.recovered()
                 self.claim_fault.recovered()
@@ -294,12 +298,13 @@ def _log_done(queue: str, worker_id: str, job: PendingJob, outcome: Outcome, ela
 
 
 def _claim_failed(exc: BaseException, queue: str, outage: Outage, claim_fault: Outage) -> None:
-    """A lost connection is the database's outage, shared by every part of
-    the worker; a statement the server refused is this queue's own fault,
-    reported apart; anything else is a bug, for the supervisor to report."""
+    """The database's outage (a lost connection, a read-only spell) is shared
+    by every part of the worker; any other statement the server refused is
+    this queue's own fault, reported apart; anything else is a bug, for the
+    supervisor to report."""
     if not is_database_error(exc):
         raise exc
-    if is_server_error(exc):
+    if is_server_error(exc) and not is_outage(exc):
         claim_fault.failed(exc, queue=queue)
     else:
         outage.failed(exc, queue=queue)

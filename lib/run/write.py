@@ -20,8 +20,8 @@ from lib.job import status as st
 from lib.run.claim import Claimer, ClaimResult, claimed
 from lib.run.completer import Completer
 from lib.run.outcome import Outcome
-from lib.setup.errors import capture, capture_message
-from lib.store.db import Unsendable, is_data_error, is_server_error
+from lib.setup.errors import Outage, capture, capture_message
+from lib.store.errors import Unsendable, is_data_error, is_outage, is_server_error
 
 log = logging.getLogger("jobs")
 
@@ -41,6 +41,7 @@ class Writer:
         *,
         kills: Kills,
         release: Callable[[PendingJob], None],
+        outage: Outage,
     ) -> None:
         self.queue = queue
         self.completer = completer
@@ -49,6 +50,9 @@ class Writer:
         self._kills = kills
         # Gives back a job the write claimed for a slot that was killed meanwhile.
         self._release = release
+        # The database's outage, shared by the worker's parts: while it is
+        # reported, an outcome it keeps from being written is not reported again.
+        self.outage = outage
 
     def write(self, job: PendingJob, outcome: Outcome, delay: float, next_slot: int | None) -> ClaimResult | None:
         """Write the outcome; with next_slot, together with the claim of that
@@ -117,7 +121,8 @@ class Writer:
     def _write_alone(self, job: PendingJob, outcome: Outcome, params: dict[str, Any]) -> None:
         """The outcome by itself, sent again with backoff while the row may
         still be this claim's: a lost connection, a server that does not
-        answer, a row another transaction holds each only delay the write.
+        answer or is read-only for a spell, a row another transaction holds
+        each only delay the write.
         Safe to repeat, and safe after the lease lapsed: the update matches
         only while the row is this claim's (not rescued) or already holds this
         very outcome. The tries go on until a lease after the job's own lapses
@@ -142,7 +147,7 @@ class Writer:
                         params = {**params, "status": status, "last_error": status, "retry_in": None}
                         params["last_traceback"] = None
                         continue
-                if is_server_error(exc) or _refused_value(exc):
+                if (is_server_error(exc) and not is_outage(exc)) or _refused_value(exc):
                     self._give_up(job, f"finalize failed, the row stays started: {exc}", exc, tags)
                     return
                 why: BaseException | str = exc
@@ -158,7 +163,8 @@ class Writer:
                 return
             if not said:
                 said = True
-                log.warning("queue=%s id=%d outcome not written yet, trying again: %s", self.queue, job.id, why)
+                first = (str(why).strip().splitlines() or [type(why).__name__])[0]
+                log.warning("queue=%s id=%d outcome not written yet, trying again: %s", self.queue, job.id, first)
             # The last try goes at the end of the tries, not a whole backoff before it.
             gevent.sleep(min(retry.failed(), left))
 
@@ -166,7 +172,9 @@ class Writer:
         """The outcome cannot be written: the row stays started, and the rescue
         takes it once its lease lapses."""
         log.error("queue=%s id=%d %s", self.queue, job.id, why)
-        if exc is not None:
+        if self.outage.failing and (exc is None or is_outage(exc)):
+            pass  # the database's outage is why, and its report stands for this one
+        elif exc is not None:
             capture(exc, message="finalize job", **tags)
         else:
             capture_message(f"queue={self.queue} id={job.id} {why}", **tags)

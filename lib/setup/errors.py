@@ -247,44 +247,69 @@ def _native_lock() -> _thread.LockType:
     return monkey.get_original("_thread", "allocate_lock")()
 
 
+# While a run of failures lasts, one line this often says it goes on.
+SAY_EVERY = 60.0
+
+
 class Outage:
     """One report per run of failures of the same thing.
 
     A database that nobody can reach fails every cycle on every queue; the first
-    failure of a run is reported, the rest are counted, and the run ends only
-    when the thing succeeds again. Share one Outage between the pollers of a
-    process so an outage of the database is one event, not one per queue.
+    failure of a run is reported, the rest are counted (one line a minute says
+    the run goes on), and the run ends when the thing succeeds again. Share one
+    Outage between the parts of a process so an outage of the database is one
+    event, not one per queue or part.
+
+    quiet: a success ends the run only once that many seconds have passed
+    without a failure. Parts that share an outage meet it differently (while a
+    database is read-only its reads succeed and its writes fail; a part that
+    ran once in the spell may run again only after it): a success of one part
+    while others still fail must not end the run, or a spell is reported again
+    at every such turn.
 
     The hub's greenlets and native threads (the lease renewal) share one, so
     its counts are kept under a native lock, held for the counts alone: never
     across a log line or a report, which may wait.
     """
 
-    def __init__(self, what: str, *, clock: Any = time.monotonic) -> None:
+    def __init__(self, what: str, *, clock: Any = time.monotonic, quiet: float = 0.0) -> None:
         self.what = what
         self._clock = clock
+        self.quiet = quiet
         self._lock = _native_lock()
         self._failures = 0
         self._since = 0.0
+        self._said = 0.0
+        # When the last failure came (the clock's time); None: none yet.
+        self.last_failed: float | None = None
+
+    @property
+    def failing(self) -> bool:
+        """Whether a run of failures lasts: a fault it stands for needs no report of its own."""
+        return self._failures > 0
 
     def failed(self, exc: BaseException, **tags: Any) -> None:
         with self._lock:
+            now = self._clock()
             first = self._failures == 0
             if first:
-                self._since = self._clock()
+                self._since = self._said = now
             self._failures += 1
+            self.last_failed = now
+            say = not first and now - self._said >= SAY_EVERY
+            if say:
+                self._said = now
+            failures, since = self._failures, self._since
         if first:
             log.warning("%s failing: %s", self.what, exc)
             capture(exc, message=f"{self.what} failing", **tags)
+        elif say:
+            log.warning("%s still failing: %d failures over %.0fs, the last: %s", self.what, failures, now - since, exc)
 
     def recovered(self) -> None:
         with self._lock:
+            if not self._failures or (self.last_failed or 0.0) > self._clock() - self.quiet:
+                return
             failures, since = self._failures, self._since
             self._failures = 0
-        if failures:
-            log.warning(
-                "%s recovered after %d failures over %.1fs",
-                self.what,
-                failures,
-                self._clock() - since,
-            )
+        log.warning("%s recovered after %d failures over %.1fs", self.what, failures, self._clock() - since)

@@ -90,6 +90,18 @@ def pool_semaphore(value: int) -> Any:
     return threading.Semaphore(value)
 
 
+def call_later(seconds: float, fn: Any) -> Any:
+    """fn in a greenlet of its own in that many seconds, under gevent (its
+    Greenlet, to kill); None, and nothing scheduled, in a plain program, where
+    the next use of the pool is the only time there is."""
+    monkey = sys.modules.get("gevent.monkey")
+    if monkey is None or not monkey.is_module_patched("threading"):
+        return None
+    import gevent
+
+    return gevent.spawn_later(seconds, fn)
+
+
 def readable_now(conn: psycopg2.extensions.connection) -> bool:
     """Whether the server has sent something on conn, asked without waiting.
     The stdlib's select: gevent's, even with no timeout, also yields to the

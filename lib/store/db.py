@@ -2,8 +2,7 @@
 
 Driver errors are classified in lib.store.errors (is_conn_failure() and the
 rest), connections are made and waited on in lib.store.connections, and
-statements are bound to their values in lib.store.binding; their public
-names are importable from here too.
+statements are bound to their values in lib.store.binding.
 """
 
 from __future__ import annotations
@@ -22,52 +21,15 @@ import psycopg2.extensions
 
 from lib.setup import counters
 from lib.store.binding import Params, Row, bind
-from lib.store.connections import (
-    DeadlineConnection,
-    behind_pooler,
-    connect_options,
-    deadline_connection,
-    install_gevent_wait,
-    pool_semaphore,
-    readable_now,
-)
-from lib.store.errors import (
-    NoReply,
-    PoolTimeout,
-    Unsendable,
-    is_conn_failure,
-    is_data_error,
-    is_database_error,
-    is_lock_timeout,
-    is_server_error,
-    is_unique_violation,
-)
+from lib.store.connections import call_later, connect_options, install_gevent_wait, pool_semaphore, readable_now
+from lib.store.errors import PoolTimeout, is_read_only, is_server_error
 from lib.store.sql import Q
-
-__all__ = [
-    "DB",
-    "DeadlineConnection",
-    "NoReply",
-    "Params",
-    "PoolTimeout",
-    "Row",
-    "Tx",
-    "Unsendable",
-    "behind_pooler",
-    "connect_options",
-    "deadline_connection",
-    "is_conn_failure",
-    "is_data_error",
-    "is_database_error",
-    "is_lock_timeout",
-    "is_server_error",
-    "is_unique_violation",
-]
 
 log = logging.getLogger("jobs.db")
 
-# A connection is returned to the pool only after a plain server error.
-_reusable_after = is_server_error
+
+def _reusable_after(exc: BaseException) -> bool:  # a plain server error; a read-only session stays so
+    return is_server_error(exc) and not is_read_only(exc)
 
 
 @dataclass
@@ -242,6 +204,7 @@ class DB(_Runner):
         # never wait behind handlers that hold every other connection.
         self._reserve = pool_semaphore(1)
         self._closed = False
+        self._pruner: Any = None  # the greenlet that closes idle connections once the pool goes quiet
         self.in_use = 0  # connections checked out now (for /metrics)
         self.reserved = _Reserved(self)
 
@@ -273,6 +236,8 @@ class DB(_Runner):
 
     def close(self) -> None:
         self._closed = True
+        if self._pruner is not None:
+            self._pruner.kill(block=False)
         while self._idle:
             self._idle.pop().conn.close()
 
@@ -307,6 +272,17 @@ class DB(_Runner):
         ended = time.monotonic() - self.idle_timeout
         while self._idle and self._idle[0].idle_since < ended:
             self._idle.popleft().conn.close()
+
+    def _prune_later(self) -> None:
+        # A pool that goes quiet closes its idle connections all the same:
+        # no checkout or check-in would come to prune them.
+        if self._pruner is None and self._idle and not self._closed:
+            self._pruner = call_later(self.idle_timeout, self._pruned)
+
+    def _pruned(self) -> None:
+        self._pruner = None
+        self._prune()
+        self._prune_later()
 
     def _checkout(self, reserved: bool = False) -> _Pooled:
         if self._closed:
@@ -345,6 +321,7 @@ class DB(_Runner):
             pooled.idle_since = time.monotonic()
             self._idle.append(pooled)
             self._prune()
+            self._prune_later()
         except psycopg2.Error:
             pooled.conn.close()
         finally:

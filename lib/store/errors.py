@@ -10,6 +10,10 @@ import psycopg2.errors
 # Server errors after which the server has closed the session anyway:
 # admin_shutdown (pg_terminate_backend), crash_shutdown, cannot_connect_now.
 _SESSION_ENDING = {"57P01", "57P02", "57P03"}
+# read_only_sql_transaction: a write in a session that started read-only (a
+# database turned read-only when its disk filled, a standby after a failover).
+# The session stays read-only whatever the database becomes.
+_READ_ONLY = "25006"
 
 
 class PoolTimeout(Exception):
@@ -36,6 +40,24 @@ def is_conn_failure(exc: BaseException) -> bool:
     if code is None:
         return isinstance(exc, psycopg2.OperationalError | psycopg2.InterfaceError)
     return code.startswith("08") or code in _SESSION_ENDING
+
+
+def is_read_only(exc: BaseException) -> bool:
+    """The server refused a write because the session is read-only: the
+    session is not used again (a new one reads the database's state anew)."""
+    return isinstance(exc, psycopg2.Error) and exc.pgcode == _READ_ONLY
+
+
+def is_outage(exc: BaseException) -> bool:
+    """The database cannot serve the worker for now, whatever is asked of it:
+    unreachable, no answer, read-only, or out of a resource (disk, memory,
+    connections: class 53). Every part meets the same outage, which is
+    reported once and waited out: a write it refused is tried again once it
+    passes, as after a lost connection."""
+    if is_conn_failure(exc) or isinstance(exc, NoReply):
+        return True
+    code = getattr(exc, "pgcode", None) if isinstance(exc, psycopg2.Error) else None
+    return code is not None and (code == _READ_ONLY or code.startswith("53"))
 
 
 def is_unique_violation(exc: BaseException) -> bool:

@@ -32,8 +32,9 @@ from gevent.event import AsyncResult
 
 from lib.greenlets.deadline import Deadline, Expired
 from lib.greenlets.standby import Standby
-from lib.store.binding import array_text
-from lib.store.db import DB, NoReply, Row, Unsendable, is_server_error
+from lib.store.binding import Row, array_text
+from lib.store.db import DB
+from lib.store.errors import NoReply, Unsendable, is_outage, is_server_error
 from lib.store.sql import Q
 
 log = logging.getLogger("jobs.commit")
@@ -145,12 +146,13 @@ class Committer:
         try:
             rows = self._round_trip(asks)
         except Exception as exc:
-            if len(asks) > 1 and (is_server_error(exc) or isinstance(exc, Unsendable)):
+            if len(asks) > 1 and ((is_server_error(exc) and not is_outage(exc)) or isinstance(exc, Unsendable)):
                 # The server refused the batch for one ask's sake (a value it
                 # cannot store, a row it cannot claim), or the batch could not
                 # be built or bound for one of its values (a NUL character, a
                 # type no column takes): nothing committed, and each goes
-                # again alone, so only that one fails.
+                # again alone, so only that one fails. Not when the database
+                # refuses everything for now (read-only): each would fail too.
                 for ask in asks:
                     self._commit([ask])
                 return

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import TypeVar
 
 from lib.greenlets.backoff import Backoff
-from lib.store.db import DB, Tx, is_lock_timeout
+from lib.store.db import DB, Tx
+from lib.store.errors import is_lock_timeout
 from lib.store.sql import MIGRATIONS_DIR, SQL_DIR, Q
 
 log = logging.getLogger("jobs.migrate")

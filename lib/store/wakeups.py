@@ -18,7 +18,7 @@ from gevent.select import select
 
 from lib.greenlets.backoff import Backoff
 from lib.setup.errors import Outage
-from lib.store.db import behind_pooler, connect_options
+from lib.store.connections import behind_pooler, connect_options
 
 log = logging.getLogger("jobs.wakeups")
 
@@ -27,7 +27,9 @@ CHANNEL = "jobs"
 STATE_CHANNEL = "jobs_state"
 # How often the loop looks at stop while no notification comes.
 _SELECT_TIMEOUT = 5.0
-_MAX_BACKOFF = 30.0
+# The longest wait between tries to listen again: short, so that wakeups
+# come back within seconds of the database, one connect a few seconds meanwhile.
+_MAX_BACKOFF = 4.0
 
 
 class Listener:

@@ -215,7 +215,7 @@ def test_a_page_asked_while_the_database_is_down_is_a_503_not_a_report(database_
             assert requests.get(f"{base}/admin/failures", headers=auth, timeout=5).status_code == 200
             proxy.down()
             answer = requests.get(f"{base}/admin/failures", headers=auth, timeout=10)
-            assert (answer.status_code, answer.text) == (503, "database unreachable; try again shortly\n")
+            assert (answer.status_code, answer.text) == (503, "database unavailable; try again shortly\n")
             proxy.up()
     finally:
         db.close()

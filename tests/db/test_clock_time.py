@@ -5,6 +5,7 @@ import logging
 from datetime import UTC, datetime, timedelta
 
 import gevent
+import psycopg2
 import pytest
 from gevent.event import Event
 from proxy import Proxy
@@ -13,7 +14,8 @@ from tests_support import FakeTime, at
 from lib.background import clock
 from lib.background.clock import Clock, Scheduled
 from lib.background.db_time import DatabaseTime
-from lib.store.db import DB, is_conn_failure
+from lib.store.db import DB
+from lib.store.errors import is_conn_failure
 
 
 def database_clock(db: DB) -> datetime:
@@ -58,7 +60,7 @@ def test_no_minute_is_ticked_while_the_time_cannot_be_read(db, monkeypatch, capl
     seen: list[datetime] = []
     entry = Scheduled("q", "q.Every", lambda t: seen.append(t) or False)
     stop = Event()
-    away = ConnectionError("the database is away")
+    away = psycopg2.OperationalError("the database is away")
     now = FakeTime([at(0, 8, 59, 59), away, away, away, at(0, 9, 2, 10), at(0, 9, 2, 10)], stop)
     with gevent.Timeout(10), caplog.at_level(logging.WARNING, logger="jobs"):
         Clock(db, [entry], now=now).run(stop)

@@ -8,7 +8,9 @@ import psycopg2
 import pytest
 from gevent.server import StreamServer
 
-from lib.store.db import DB, PoolTimeout, connect_options, is_conn_failure
+from lib.store.connections import connect_options
+from lib.store.db import DB
+from lib.store.errors import PoolTimeout, is_conn_failure, is_outage
 
 
 def _wait_for(predicate, timeout: float = 10.0) -> None:
@@ -95,6 +97,21 @@ def test_server_error_is_not_a_conn_failure_and_keeps_the_connection(database_ur
     assert not is_conn_failure(info.value)
     assert db.query_row("SELECT pg_backend_pid()")[0] == pid  # same connection, still good
     db.close()
+
+
+def test_a_session_refused_a_write_as_read_only_is_not_used_again(database_url):
+    """A session that began read-only (the database turned read-only, a
+    standby after a failover) stays so whatever the database becomes: the
+    write refused, the session is discarded, and the next is read anew."""
+    pool = DB.connect(database_url, size=1, application_name="t-read-only")
+    pid = pool.query_row("SELECT pg_backend_pid()")[0]
+    pool.exec("SET default_transaction_read_only = on")  # as a session begun in a read-only spell
+    with pytest.raises(psycopg2.Error) as info:
+        pool.exec("CREATE TEMPORARY TABLE written (n int)")
+    assert is_outage(info.value) and not is_conn_failure(info.value)
+    assert pool.query_row("SELECT pg_backend_pid(), current_setting('transaction_read_only')") != (pid, "on")
+    pool.exec("CREATE TEMPORARY TABLE written (n int)")
+    pool.close()
 
 
 def test_killed_connection_is_a_conn_failure_and_is_discarded(database_url, db):

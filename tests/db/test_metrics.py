@@ -24,7 +24,8 @@ from lib.insert import insert
 from lib.job import Snooze
 from lib.operate import overview
 from lib.operate.queue_state import pause
-from lib.store.db import DB, is_conn_failure
+from lib.store.db import DB
+from lib.store.errors import is_conn_failure
 from lib.store.sql import STATEMENTS, Q, statement
 from lib.store.wakeups import Listener
 

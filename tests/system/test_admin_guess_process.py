@@ -94,3 +94,16 @@ def test_guesses_side_by_side_take_a_penalty_each_and_the_token_is_answered_at_o
     assert took >= len(kinds) * PENALTY * 0.95, f"{len(kinds)} guesses answered in {took:.2f}s"
     told = [line for line in log.read_text().splitlines() if "wrong" in line]
     assert len(told) == 1 and "guess-" not in told[0], told
+
+
+def test_a_filter_a_real_worker_cannot_read_is_a_bad_filter_answer(database_url, tmp_path):
+    """An age out of range, a NUL, bytes that are not UTF-8: each page says
+    "bad filter" (400) with no traceback, and the next request is served."""
+    with admin_worker(database_url, tmp_path / "worker.log") as base:
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        wait_for(lambda: requests.get(f"{base}/jobs", headers=auth, timeout=30).status_code == 200, 30)
+        for page, query in (("/jobs", "since=999999d"), ("/failures", "queue=%00"), ("/jobs", "q=%ED%A0%80")):
+            answer = requests.get(f"{base}{page}?{query}", headers=auth, timeout=30)
+            assert answer.status_code == 400 and "Traceback" not in answer.text, (page, query, answer.text[:300])
+        assert requests.get(f"{base}/jobs", headers=auth, timeout=30).status_code == 200
+    assert " died: " not in (tmp_path / "worker.log").read_text()
