@@ -99,7 +99,7 @@ FROM unnest(%(queues)s::text[]) AS q(queue)
 CROSS JOIN LATERAL (
   SELECT last_error FROM jobs
   WHERE status = 'pending' AND queue = q.queue
-  ORDER BY priority DESC, run_at, id
+  ORDER BY -priority, run_at, id
   LIMIT 1
 ) AS h
 WHERE starts_with(h.last_error, 'skip: rate limited')

@@ -47,7 +47,7 @@ WHERE queue = %(queue)s AND slot = %(slot)s AND status = 'started' AND worker_id
 -- The id of the queue's next due pending row in claim order, read without a lock: the suspect when the claim fails on a value.
 SELECT id FROM jobs
 WHERE queue = %(queue)s AND status = 'pending' AND run_at <= now()
-ORDER BY priority DESC, run_at, id
+ORDER BY -priority, run_at, id
 LIMIT 1
 
 -- name: job_end_unclaimable
@@ -65,6 +65,10 @@ WHERE id = %(id)s AND worker_id = %(worker_id)s AND attempts = %(attempts)s AND 
 -- name: database_writable
 -- Whether a new transaction of this session may write: false while the database is read-only (or a standby).
 SELECT current_setting('transaction_read_only') = 'off'
+
+-- name: queue_sleep
+-- A poller of the queue goes to sleep: enqueues notify from now on ('asleep'), unless a job is due ('due') or an enqueue is in flight ('enqueuing'): jobs_sleep.
+SELECT jobs_sleep(%(queue)s)
 
 -- name: queue_notify
 -- Tell every worker's pollers of a queue to look now (its slot was freed, say).

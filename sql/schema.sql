@@ -32,14 +32,30 @@ CREATE TABLE jobs (
   last_traceback text,  -- the last error's traceback
   attempt_errors jsonb,  -- each attempt's error, oldest first
   key text,  -- the order of its own within the queue: one started job per key
+  -- Where the queue's order stood at the row's claim, so that the next claim
+  -- reads on from there (jobs_due): the claims' order, its slot, kept after
+  -- the outcome frees the slot (a slot's holder is its newest claim), the
+  -- claim's snapshot (none for a job asked for by id) and run_at as claimed.
+  claim_seq bigint,
+  claim_slot int,
+  claim_snapshot pg_snapshot,
+  claim_run_at timestamptz,
+  -- The transaction that last made the row pending or moved it while pending.
+  pending_xid xid8 DEFAULT pg_current_xact_id(),
   CONSTRAINT jobs_run_at_finite CHECK (isfinite(run_at))
 );
+CREATE SEQUENCE jobs_claim_seq;
 
--- A queue's head in its order, read by every claim.
-CREATE INDEX jobs_claim ON jobs (queue, priority DESC, run_at, id) WHERE status = 'pending';
--- One started row per (queue, slot): the database holds each queue to its
--- concurrency across every worker process; the rescue reads started rows here.
-CREATE UNIQUE INDEX jobs_started_slot ON jobs (queue, slot) WHERE status = 'started';
+-- A queue's head in its order (priority highest first, as its negation, so
+-- that a place in the order is one row to compare with), read by every claim.
+CREATE INDEX jobs_claim ON jobs (queue, (-priority), run_at, id) WHERE status = 'pending';
+-- The started rows, for the rescue and the counts.
+CREATE INDEX jobs_started ON jobs (queue, slot) WHERE status = 'started';
+-- Each queue's and each slot's newest claims, read newest first (jobs_due,
+-- jobs_slot_holder); and the rows made pending since a snapshot.
+CREATE INDEX jobs_claims ON jobs (queue, claim_seq DESC) WHERE claim_seq IS NOT NULL;
+CREATE INDEX jobs_slot_claims ON jobs (queue, claim_slot, claim_seq DESC) WHERE claim_seq IS NOT NULL;
+CREATE INDEX jobs_pending_xid ON jobs (queue, pending_xid) WHERE status = 'pending';
 -- Retention deletes finished rows by age without reading live ones.
 CREATE INDEX jobs_finished ON jobs (finished_at) WHERE status NOT IN ('pending', 'started');
 -- While a row of a dedupe name is live, no second copy (hashed: args of any size fit).
@@ -61,7 +77,8 @@ CREATE INDEX jobs_key_pending ON jobs (queue, key, priority DESC, run_at, id)
 CREATE INDEX jobs_created ON jobs USING brin (created_at timestamptz_minmax_multi_ops);
 
 -- Per queue: a pause, the throttle's next allowed claim, the key of its rate
--- and budgets, and the concurrency set at run time (`worker.py scale`).
+-- and budgets, the concurrency set at run time (`worker.py scale`), and
+-- whether a poller sleeps waiting for a wakeup (sql/rules/wakeups.sql).
 CREATE TABLE job_queues (
   queue text PRIMARY KEY,
   paused_until timestamptz,
@@ -70,7 +87,8 @@ CREATE TABLE job_queues (
   rate_key text,
   scaled_to int CHECK (scaled_to >= 1),
   scaled_by text,
-  scaled_at timestamptz
+  scaled_at timestamptz,
+  wake_wanted boolean NOT NULL DEFAULT true
 );
 
 -- Rates and budgets (sql/rules/rates.sql): a limit's moment (tat), its

@@ -11,9 +11,9 @@
 -- commits); a writer that leaves the column out gets it from the row trigger,
 -- and one that names it other than job_dedupe_names says is refused whole.
 --
--- Every committed pending row wakes its queue's pollers (NOTIFY jobs,
--- '<queue>'), whoever wrote it. Postgres folds identical notifications of one
--- transaction into one.
+-- Every committed pending row wakes its queue's sleeping pollers (NOTIFY
+-- jobs, '<queue>', when wakeups.sql says one sleeps), whoever wrote it.
+-- Postgres folds identical notifications of one transaction into one.
 
 -- A row written without its dedupe (a writer that leaves the column out) gets it here.
 CREATE OR REPLACE FUNCTION jobs_set_dedupe() RETURNS trigger
@@ -26,8 +26,8 @@ BEGIN
 END $$;
 
 -- Once per statement, over the rows it inserted: refuse a dedupe the writer
--- got wrong, then wake each queue that has new pending rows. One trigger for
--- both, so a one-row insert pays for one call, not two.
+-- got wrong, then wake each queue that has new pending rows and a sleeping
+-- poller. One trigger for both, so a one-row insert pays for one call, not two.
 CREATE OR REPLACE FUNCTION jobs_inserted() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -41,26 +41,14 @@ BEGIN
       wrong.queue, wrong.name, (NOT wrong.dedupe)::text
       USING ERRCODE = 'check_violation';
   END IF;
-  PERFORM pg_notify('jobs', queue)
-  FROM (SELECT DISTINCT queue FROM inserted WHERE status = 'pending') AS q;
-  RETURN NULL;
-END $$;
-
--- A row back to pending (a retry, a rescue, a redrive) is work. A row leaving
--- started does not notify: the poller that ran it usually claims the queue's
--- next job in the same transaction, and a notification on every finished job
--- would serialise the commits of all queues (Postgres holds a cluster-wide
--- lock across a notifying commit). A poller that hands its slot over
--- (stopping) and the rescue notify by themselves.
-CREATE OR REPLACE FUNCTION jobs_notify_updated() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-  PERFORM pg_notify('jobs', NEW.queue);
+  PERFORM pg_notify('jobs', q.queue)
+  FROM (SELECT DISTINCT queue FROM inserted WHERE status = 'pending') AS q
+  WHERE jobs_wake_wanted(q.queue);
   RETURN NULL;
 END $$;
 
 -- One job; its id, or NULL when the dedupe index suppressed it. It wakes its
--- queue itself, and its INSERT passes over the statement trigger jobs_inserted,
+-- queue itself (when a poller sleeps), and its INSERT passes over the statement trigger jobs_inserted,
 -- whose work it has no need of (it reads the row's dedupe from
 -- job_dedupe_names, and knows the one queue to wake): the trigger's run (a
 -- transition table, a PL/pgSQL call and two queries) would cost a one-job
@@ -85,7 +73,7 @@ BEGIN
   PERFORM set_config('jobs.inserting_checked', 'off', true);
   -- A row the dedupe index suppressed is no new work: nobody is woken, as
   -- the trigger wakes nobody for a statement that wrote no row.
-  IF written IS NOT NULL THEN
+  IF written IS NOT NULL AND jobs_wake_wanted(p_queue) THEN
     PERFORM pg_notify('jobs', p_queue);
   END IF;
   RETURN written;

@@ -58,10 +58,16 @@ LANGUAGE sql STABLE AS $$
 $$;
 
 -- The database holds a queue to its concurrency: a slot number is free when
--- no started row of the queue, of any process, holds it.
+-- no started row of the queue, of any process, holds it. Claims of a slot
+-- follow each other under the queue's turn, so its holder, if any, is its
+-- newest claim: read newest first (jobs_slot_claims), one row whatever the
+-- dead versions of the slot's earlier jobs a held snapshot keeps.
 CREATE OR REPLACE FUNCTION jobs_slot_holder(q text, s int) RETURNS SETOF bigint
 LANGUAGE sql STABLE AS $$
-  SELECT j.id FROM jobs j WHERE j.queue = q AND j.status = 'started' AND j.slot = s
+  SELECT l.id FROM (SELECT j.id, j.status FROM jobs j
+                    WHERE j.queue = q AND j.claim_slot = s AND j.claim_seq IS NOT NULL
+                    ORDER BY j.claim_seq DESC LIMIT 1) l
+  WHERE l.status = 'started'
 $$;
 
 -- Whether a due job of key k is its key's turn: no job of the key is started,
@@ -77,26 +83,80 @@ LANGUAGE sql STABLE AS $$
 $$;
 
 -- The queue's first n due jobs a claim may start, in the queue's order
--- (priority, then run_at, then id), or the job asked for when it is due. A
--- claim takes a prefix of them: never job n+1 while job n is due and not
--- started. A job whose key's turn it is not is passed over; for a queue
--- without keys that is one NULL test a row.
+-- (priority, highest first, then run_at, then id: jobs_claim's order), or the
+-- job asked for when it is due. A claim takes a prefix of them: never job n+1
+-- while job n is due and not started. A job whose key's turn it is not is
+-- passed over.
 --
--- The asked id's test is coalesce(j.id = asked, true), not j.id =
--- coalesce(asked, j.id) (an equality on the key, estimated at one row, with
--- which the planner sees no gain in reading the queue in order and sorts the
--- whole due set instead) nor an OR (which makes the generic plan look dear):
--- estimated at half the rows, the ordered read of jobs_claim that stops at n
--- rows is the cheaper plan whatever the table's statistics say.
+-- The order is read on from the queue's newest claim (jobs_claims), not from
+-- its start: every head claimed before left a dead version in jobs_claim,
+-- which stays while any snapshot older than it is held (a report, a
+-- forgotten BEGIN, a standby's feedback), and a read from the start steps
+-- over all of them. That claim took every job due before its own that its
+-- snapshot showed, so a due job before it now was made pending since
+-- (pending_xid, jobs_made_pending: by a transaction that snapshot could not
+-- see, read through jobs_pending_xid) or was not due then (run_at after that
+-- claim's now(), read through jobs_pending_due). The whole order is read when
+-- there is no such claim (none yet, or one of a job asked for by id) or the
+-- queue has keyed jobs waiting, which claims pass over.
+--
+-- Each part reads one index in order and stops at n rows; OFFSET 0 keeps the
+-- planner from reading the rows made pending since through jobs_claim's dead
+-- prefix. The asked id's test is coalesce(j.id = asked, true), estimated at
+-- half the rows, so that the ordered read of jobs_claim that stops at n rows
+-- is the cheaper plan whatever the table's statistics say.
 CREATE OR REPLACE FUNCTION jobs_due(q text, asked bigint, n int) RETURNS TABLE (id bigint, priority int, run_at timestamptz)
 LANGUAGE sql STABLE AS $$
-  SELECT j.id, j.priority, j.run_at FROM jobs j
-  WHERE j.queue = q AND j.status = 'pending' AND j.run_at <= now()
-    AND coalesce(j.id = asked, true)
-    AND (j.key IS NULL OR jobs_key_turn(q, j.key, j.priority, j.run_at, j.id))
-  ORDER BY j.priority DESC, j.run_at, j.id
+  WITH cursor AS MATERIALIZED (
+    SELECT -c.priority AS p, c.claim_run_at AS r, c.id AS i, c.claim_snapshot AS s, c.started_at AS t
+    FROM (SELECT l.priority, l.claim_run_at, l.id, l.claim_snapshot, l.started_at FROM jobs l
+          WHERE l.queue = q AND l.claim_seq IS NOT NULL ORDER BY l.claim_seq DESC LIMIT 1) c
+    WHERE asked IS NULL AND c.claim_snapshot IS NOT NULL
+      AND NOT EXISTS (SELECT FROM jobs k WHERE k.queue = q AND k.status = 'pending' AND k.key IS NOT NULL)
+  )
+  SELECT u.id, u.priority, u.run_at FROM (
+    (SELECT j.id, j.priority, j.run_at FROM jobs j
+     WHERE NOT EXISTS (SELECT FROM cursor)
+       AND j.queue = q AND j.status = 'pending' AND j.run_at <= now()
+       AND coalesce(j.id = asked, true)
+       AND (j.key IS NULL OR jobs_key_turn(q, j.key, j.priority, j.run_at, j.id))
+     ORDER BY -j.priority, j.run_at, j.id LIMIT n)
+    UNION ALL
+    -- On from the cursor; its parts as scalars, so that the read is a range of jobs_claim.
+    (SELECT j.id, j.priority, j.run_at FROM jobs j
+     WHERE j.queue = q AND j.status = 'pending' AND j.run_at <= now()
+       AND (-j.priority, j.run_at, j.id) > ((SELECT p FROM cursor), (SELECT r FROM cursor), (SELECT i FROM cursor))
+     ORDER BY -j.priority, j.run_at, j.id LIMIT n)
+    UNION ALL
+    (SELECT j.id, j.priority, j.run_at FROM (
+       SELECT k.id, k.priority, k.run_at FROM jobs k  -- not due at the cursor's claim
+       WHERE k.queue = q AND k.status = 'pending' AND k.run_at > (SELECT t FROM cursor) AND k.run_at <= now()
+       UNION
+       SELECT k.id, k.priority, k.run_at FROM jobs k  -- made pending since its snapshot
+       WHERE k.queue = q AND k.status = 'pending' AND k.pending_xid >= (SELECT pg_snapshot_xmax(s) FROM cursor)
+       UNION
+       SELECT k.id, k.priority, k.run_at FROM (SELECT pg_snapshot_xip(s) AS xid FROM cursor) x
+       CROSS JOIN LATERAL (SELECT k.id, k.priority, k.run_at FROM jobs k  -- by its transactions in flight
+                           WHERE k.queue = q AND k.status = 'pending' AND k.pending_xid = x.xid OFFSET 0) k
+       OFFSET 0) j
+     -- The cursor's own job too: it may be pending again (a retry, a rescue).
+     WHERE (-j.priority, j.run_at, j.id) <= ((SELECT p FROM cursor), (SELECT r FROM cursor), (SELECT i FROM cursor))
+       AND j.run_at <= now())
+  ) u
+  ORDER BY -u.priority, u.run_at, u.id
   LIMIT n
 $$;
+
+-- A row made pending (a retry, a rescue, a job given back, one redriven by
+-- hand), or moved in its queue's order while pending, is noted with the
+-- transaction that did it, as an inserted row is by pending_xid's default:
+-- jobs_due reads such rows apart when they sort before the queue's newest claim.
+CREATE OR REPLACE FUNCTION jobs_made_pending() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+  NEW.pending_xid := pg_current_xact_id();
+  RETURN NEW;
+END $$;
 
 -- With nothing due, the seconds until the queue's next pending row is due
 -- (NULL when it has none).

@@ -59,6 +59,8 @@ DECLARE
   taken boolean;
   rate_key text;
   rate_wait float8;
+  seen pg_snapshot;  -- the snapshot the head was read in, for the next claim's cursor
+  wanted boolean;  -- a poller of the queue sleeps (wakeups.sql): a claim ends that
 BEGIN
   IF o_id IS NOT NULL THEN
     IF o_delay > 0 THEN
@@ -114,8 +116,9 @@ BEGIN
   -- Statements after the lock: their snapshots hold what committed before it.
   -- A slot from the concurrency set at run time up is taken.
   SELECT jg.gate, jg.rate_key,
-         coalesce(c_slot >= jg.scaled_to, false) OR EXISTS (SELECT FROM jobs_slot_holder(c_queue, c_slot))
-  INTO gate, rate_key, taken
+         coalesce(c_slot >= jg.scaled_to, false) OR EXISTS (SELECT FROM jobs_slot_holder(c_queue, c_slot)),
+         (SELECT jq.wake_wanted FROM job_queues jq WHERE jq.queue = c_queue)
+  INTO gate, rate_key, taken, wanted
   FROM (VALUES (1)) one LEFT JOIN jobs_gate(c_queue) jg ON true;
   IF gate > now() THEN
     wait := jobs_gate_wait(gate);
@@ -127,7 +130,7 @@ BEGIN
     RETURN;
   END IF;
   IF rate_key IS NOT NULL THEN
-    SELECT d.id INTO head FROM jobs_due(c_queue, c_id, 1) d;
+    SELECT d.id, pg_current_snapshot() INTO head, seen FROM jobs_due(c_queue, c_id, 1) d;
     IF head IS NULL THEN
       SELECT nd.wait INTO wait FROM jobs_next_due_wait(c_queue) nd;
       RETURN NEXT;
@@ -149,7 +152,10 @@ BEGIN
       attempts = j.attempts + 1,
       max_attempts = coalesce(j.max_attempts, c_max_attempts),
       worker_id = c_worker, slot = c_slot,
-      lease_until = clock_timestamp() + make_interval(secs => c_lease)
+      lease_until = clock_timestamp() + make_interval(secs => c_lease),
+      claim_seq = nextval('jobs_claim_seq'), claim_slot = c_slot, claim_run_at = j.run_at,
+      -- A job asked for by id is no head of the queue's order: no cursor.
+      claim_snapshot = CASE WHEN c_id IS NULL THEN coalesce(seen, pg_current_snapshot()) END
   WHERE j.id = (SELECT k.id FROM jobs k
                 WHERE k.id = (SELECT d.id FROM jobs_due(c_queue, coalesce(head, c_id), 1) d) AND k.status = 'pending'
                 FOR UPDATE SKIP LOCKED)
@@ -160,6 +166,11 @@ BEGIN
     slot := c_slot;
     IF rate_key IS NOT NULL THEN
       PERFORM jobs_rate_take(rate_key);
+    END IF;
+    IF wanted THEN
+      -- Awake now: enqueues of the queue notify no more, until a poller sleeps again.
+      UPDATE job_queues SET wake_wanted = false
+      WHERE queue = (SELECT x.queue FROM job_queues x WHERE x.queue = c_queue AND x.wake_wanted FOR UPDATE SKIP LOCKED);
     END IF;
     RETURN NEXT;
     RETURN;
@@ -322,7 +333,7 @@ BEGIN
     GROUP BY a.q, a.w, a.l, a.m, a.i, jg.gate, jg.scaled_to
   ),
   heads AS (
-    SELECT g.q, g.w, g.l, g.m, g.free, h.id, h.n
+    SELECT g.q, g.w, g.l, g.m, g.free, g.i AS asked, h.id, h.n
     FROM grp g
     CROSS JOIN LATERAL (
       SELECT o.id, row_number() OVER (ORDER BY o.priority DESC, o.run_at, o.id)::int AS n
@@ -357,12 +368,23 @@ BEGIN
         max_attempts = coalesce(j.max_attempts, p.m),
         worker_id = p.w, slot = p.free[p.n],
         -- From the moment of the claim, not the transaction's start.
-        lease_until = clock_timestamp() + make_interval(secs => p.l)
+        lease_until = clock_timestamp() + make_interval(secs => p.l),
+        claim_seq = nextval('jobs_claim_seq'), claim_slot = p.free[p.n], claim_run_at = j.run_at,
+        claim_snapshot = CASE WHEN p.asked IS NULL THEN pg_current_snapshot() END
     FROM picked p
     WHERE j.id = p.id
     -- args as text: decoded by the worker, which can end a row whose args it cannot read.
     RETURNING p.q, p.w, j.id, j.name, j.args::text, j.attempts, j.max_attempts, j.callsite,
               greatest(extract(EPOCH FROM now() - j.run_at), 0)::float8, NULL::float8, p.free[p.n]
+  ),
+  woken AS (
+    -- A queue that claimed is awake: its enqueues notify no more, until a
+    -- poller of it sleeps again (wakeups.sql). A row another transaction
+    -- holds keeps its mark: a few notifications too many.
+    UPDATE job_queues jq SET wake_wanted = false
+    WHERE jq.queue IN (SELECT x.queue FROM job_queues x
+                       WHERE x.queue IN (SELECT c.q FROM claimed c) AND x.wake_wanted
+                       FOR UPDATE SKIP LOCKED)
   )
   SELECT * FROM claimed
   UNION ALL

@@ -22,6 +22,11 @@ CREATE OR REPLACE TRIGGER jobs_inserted
   WHEN (current_setting('jobs.inserting_checked', true) IS DISTINCT FROM 'on')
   EXECUTE FUNCTION jobs_inserted();
 
+-- A row made pending, or moved in its order while pending, is noted for the
+-- claims that read on from their queue's newest claim (jobs_due).
+CREATE OR REPLACE TRIGGER jobs_made_pending BEFORE UPDATE ON jobs
+  FOR EACH ROW WHEN (NEW.status = 'pending') EXECUTE FUNCTION jobs_made_pending();
+
 -- A row back to pending wakes its queue.
 CREATE OR REPLACE TRIGGER jobs_notify_updated
   AFTER UPDATE OF status ON jobs
