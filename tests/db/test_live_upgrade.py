@@ -236,6 +236,20 @@ def test_an_open_transaction_on_jobs_delays_the_upgrade_not_the_application(empt
     assert any("waits for a lock another transaction holds" in r.getMessage() for r in caplog.records)
 
 
+def test_an_original_table_given_a_primary_key_upgrades_to_the_same_schema(empty_database, fresh):
+    """Some installs of the old service added the primary key it lacked: the
+    swap drops it with the old id, and the new id's takes its name."""
+    db = DB.connect(empty_database, size=2)
+    try:
+        with db.transaction() as tx:
+            tx.exec(ORIGINAL)
+            tx.exec("ALTER TABLE jobs ADD PRIMARY KEY (id)")
+        migrate(db)
+        assert catalogue(db) == fresh
+    finally:
+        db.close()
+
+
 # --- an upgrade stopped midway ---------------------------------------------------
 
 # migrate() in a process of its own, its batches a page each so that a kill
