@@ -138,6 +138,26 @@ SELECT version FROM schema_migrations ORDER BY version
 -- Note one migration as applied, in the transaction that applied it.
 INSERT INTO schema_migrations (version, name) VALUES (%(version)s, %(name)s)
 
+-- name: migration_steps_done
+-- The steps done of a migration in steps not yet applied (lib/store/migration_steps.py).
+SELECT step FROM schema_migration_steps WHERE version = %(version)s
+
+-- name: migration_step_record
+-- Note one step of a migration in steps as done (in the step's own transaction, when it has one).
+INSERT INTO schema_migration_steps (version, step) VALUES (%(version)s, %(step)s)
+
+-- name: migration_steps_forget
+-- Forget the steps of a migration, in the transaction that notes it applied.
+DELETE FROM schema_migration_steps WHERE version = %(version)s
+
+-- name: migration_index_invalid
+-- Whether an index of this name is there and INVALID: a CONCURRENTLY build that failed or was stopped left it.
+SELECT coalesce((SELECT NOT indisvalid FROM pg_index WHERE indexrelid = to_regclass(%(index)s::text)), false)
+
+-- name: migration_table_pages
+-- A table's size in pages, which a batched step of a migration covers a range at a time.
+SELECT (pg_relation_size(%(table)s::text::regclass) / current_setting('block_size')::int)::int
+
 -- name: rules_due
 -- The rule files (sql/rules) whose text or version differs from what the database holds, in the order given; changed: the text does (its checksum is the server's, so a worker loads no digest of its own).
 SELECT f.file, r.checksum IS DISTINCT FROM encode(sha256(convert_to(f.text, 'UTF8')), 'hex') AS changed,

@@ -191,12 +191,22 @@ CREATE TABLE anthropic_answers (
   answered_at timestamptz NOT NULL DEFAULT now()
 );
 
--- What lib/store/migrate.py has applied: the numbered migrations, and each
--- rule file with the version of the release that applied it.
+-- What lib/store/migrate.py has applied: the numbered migrations, the steps
+-- of one under way, and each rule file with the version of the release that
+-- applied it.
 CREATE TABLE schema_migrations (
   version int PRIMARY KEY,
   name text NOT NULL,
   applied_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- The steps done of a migration in steps that is not yet applied: a run
+-- that stopped midway resumes at the next.
+CREATE TABLE schema_migration_steps (
+  version int NOT NULL,
+  step int NOT NULL,
+  done_at timestamptz NOT NULL DEFAULT now(),
+  PRIMARY KEY (version, step)
 );
 
 CREATE TABLE schema_rules (

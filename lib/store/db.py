@@ -367,6 +367,15 @@ class DB(_Runner):
         """This pool, each statement waiting at most lock_timeout_ms for a lock."""
         return _LockBounded(self, lock_timeout_ms)
 
+    def open_connection(self, application_name: str) -> psycopg2.extensions.connection:
+        """A new autocommit connection of the caller's own, opened as the
+        pool's are but outside the pool and its size; the caller closes it.
+        For a transaction held open while the pool's connections work (the
+        migrations' lock)."""
+        conn = psycopg2.connect(self.dsn, **{**self._connect_kwargs, "application_name": application_name})
+        conn.autocommit = True
+        return conn
+
     @contextmanager
     def connection(self) -> Iterator[psycopg2.extensions.connection]:
         """A raw autocommit connection, for code that needs the driver itself

@@ -4,9 +4,12 @@ rules of sql/rules (every function and trigger, each defined in one file,
 the one in force).
 
 The database is the application's: every transaction here waits at most
-LOCK_TIMEOUT_MS for a table lock and is tried again after a pause when it
-cannot have it, so a busy table delays the upgrade, never the application's
-writes queued behind a waiting ALTER.
+LOCK_TIMEOUT_MS for a lock and is tried again after a pause when it cannot
+have it, so a busy table delays the upgrade, never the application's writes
+queued behind a waiting ALTER. A migration that would hold a large table
+for longer (a rewrite of every row, an index build, a check of every row)
+is written in steps (lib/store/migration_steps.py): batches of short
+transactions, and statements that hold no writer.
 """
 
 from __future__ import annotations
@@ -22,18 +25,30 @@ from typing import TypeVar
 from lib.greenlets.backoff import Backoff
 from lib.store.db import DB, Tx
 from lib.store.errors import is_lock_timeout
+from lib.store.migration_lock import MigrationsLock
+from lib.store.migration_steps import Kind, Step, check_one_transaction, in_steps, read_steps
 from lib.store.sql import MIGRATIONS_DIR, SQL_DIR, Q
 
 log = logging.getLogger("jobs.migrate")
 
 RULES_DIR = SQL_DIR / "rules"
 
-# Any fixed number will do; every process that migrates this database takes it.
-_LOCK_KEY = 0x6A6F6273  # "jobs"
 _FILE = re.compile(r"^(\d+)_\w+\.sql$")
 # How long a migration waits for a lock before it lets go and tries again: an
 # application's write queued behind a waiting ALTER waits no longer than this.
 LOCK_TIMEOUT_MS = 200
+# The pages of a table one batch of a batched step covers: a batch holds the
+# rows it rewrote until it commits, and a writer of one of them waits that long.
+BATCH_PAGES = 64
+PROGRESS_EVERY = 30.0  # seconds between the lines that say how far a batched step is
+# What migrate keeps of its own: the migrations applied, and the steps done
+# of a migration in steps that is not yet.
+_TABLES = """
+CREATE TABLE IF NOT EXISTS schema_migrations (
+  version int PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now());
+CREATE TABLE IF NOT EXISTS schema_migration_steps (
+  version int NOT NULL, step int NOT NULL, done_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (version, step));
+"""
 
 T = TypeVar("T")
 
@@ -92,39 +107,103 @@ class Rules:
 
 
 def migrate(db: DB, folder: Path = MIGRATIONS_DIR, rules: Path | None = RULES_DIR) -> list[str]:
-    """Apply the migrations not yet applied, each in its own transaction,
-    then the rules (None: none, for a test that leaves a database as an
-    older release did); the names of the migrations applied. Each
-    transaction first takes an advisory lock, so processes that start together
-    take turns and the second finds nothing left to do. The lock is the
-    transaction's, not the session's: behind a pooler in transaction mode the
-    next statement may run in another session."""
+    """Apply the migrations not yet applied, then the rules (None: none, for
+    a test that leaves a database as an older release did); the names of the
+    migrations applied. The whole run holds the migrations' lock
+    (lib/store/migration_lock.py), so processes that start together take
+    turns and the second finds nothing left to do."""
     applied: list[str] = []
-    for version, name, path in migrations(folder):
-        if _locked(db, name, lambda tx, v=version, n=name, p=path: _apply_migration(tx, v, n, p)):
+    with MigrationsLock(db) as lock:
+        _in_transaction(db, "the migrations' own tables", lambda tx: tx.exec(_TABLES))
+        done = {row[0] for row in db.query(Q.migration_applied)}
+        for version, name, path in migrations(folder):
+            if version in done:
+                continue
+            lock.check()
+            _apply_migration(db, lock, version, name, path.read_text())
             log.info("applied migration %s", name)
             applied.append(name)
-    if rules is not None:
-        changed = _locked(db, "the rules", lambda tx: _apply_rules(tx, Rules.read(rules)))
-        if changed:
-            log.info("applied the rules of %s", ", ".join(changed))
+        if rules is not None:
+            lock.check()
+            changed = _in_transaction(db, "the rules", lambda tx: _apply_rules(tx, Rules.read(rules)))
+            if changed:
+                log.info("applied the rules of %s", ", ".join(changed))
     return applied
 
 
-def _apply_migration(tx: Tx, version: int, name: str, path: Path) -> bool:
-    tx.exec(
-        "CREATE TABLE IF NOT EXISTS schema_migrations ("
-        " version int PRIMARY KEY, name text NOT NULL,"
-        " applied_at timestamptz NOT NULL DEFAULT now())"
-    )
-    # Read under the lock: another process may have applied it meanwhile.
-    if version in {row[0] for row in tx.query(Q.migration_applied)}:
-        return False
-    text = path.read_text()
+def _apply_migration(db: DB, lock: MigrationsLock, version: int, name: str, text: str) -> None:
+    """One migration: in one transaction, or step by step (a migration in
+    steps, lib/store/migration_steps.py), recorded as applied only once all
+    of it is done."""
+    if not in_steps(text):
+        check_one_transaction(text, f"{name}.sql")
+        _in_transaction(db, name, lambda tx: _one_transaction(tx, version, name, text))
+        return
+    steps = read_steps(text, f"{name}.sql")
+    done = {row[0] for row in db.query(Q.migration_steps_done, {"version": version})}
+    for step in steps:
+        if step.number in done:
+            continue
+        lock.check()
+        log.info("migration %s, step %d of %d: %s", name, step.number, len(steps), step.what)
+        _run_step(db, version, f"{name} step {step.number}", step)
+    lock.check()
+    _in_transaction(db, name, lambda tx: _record(tx, version, name))
+
+
+def _one_transaction(tx: Tx, version: int, name: str, text: str) -> None:
     if _has_statements(text):  # a migration whose functions moved to sql/rules is a comment alone
         tx.exec(text)
     tx.exec(Q.migration_record, {"version": version, "name": name})
-    return True
+
+
+def _record(tx: Tx, version: int, name: str) -> None:
+    tx.exec(Q.migration_record, {"version": version, "name": name})
+    tx.exec(Q.migration_steps_forget, {"version": version})
+
+
+def _run_step(db: DB, version: int, what: str, step: Step) -> None:
+    """One step, then its record: in the step's own transaction when it has
+    one; after it otherwise, and a step stopped between the two is run again,
+    finding its work done."""
+    record = {"version": version, "step": step.number}
+
+    def step_and_record(tx: Tx) -> None:
+        tx.exec(step.sql)
+        tx.exec(Q.migration_step_record, record)
+
+    if step.kind is Kind.TRANSACTION:
+        _in_transaction(db, what, step_and_record)
+        return
+    if step.kind is Kind.ALONE:
+        _retried(what, lambda: _alone(db, step))
+    else:
+        _batches(db, what, step)
+    _in_transaction(db, what, lambda tx: tx.exec(Q.migration_step_record, record))
+
+
+def _alone(db: DB, step: Step) -> None:
+    """A statement outside a transaction. A CONCURRENTLY build that failed or
+    was stopped left its index INVALID (never used, yet found by IF NOT
+    EXISTS): it is dropped and built again."""
+    if step.index is not None and db.query_row(Q.migration_index_invalid, {"index": step.index})[0]:
+        log.info("dropping the INVALID index %s an earlier build left, to build it again", step.index)
+        db.exec(f"DROP INDEX CONCURRENTLY IF EXISTS {step.index}")
+    db.exec(step.sql)
+
+
+def _batches(db: DB, what: str, step: Step) -> None:
+    """A batched step over the table's pages as they are when it starts:
+    rows written later are the migration's trigger's to keep in step."""
+    (pages,) = db.query_row(Q.migration_table_pages, {"table": step.table})
+    log.info("%s: %d pages of %s, %d at a time", what, pages, step.table, BATCH_PAGES)
+    said = time.monotonic()
+    for first in range(0, pages, BATCH_PAGES):
+        tids = {"from_tid": f"({first},0)", "to_tid": f"({first + BATCH_PAGES},0)"}
+        _in_transaction(db, what, lambda tx, tids=tids: tx.exec(step.sql, tids))
+        if time.monotonic() - said >= PROGRESS_EVERY:
+            log.info("%s: %d of %d pages done", what, first + BATCH_PAGES, pages)
+            said = time.monotonic()
 
 
 def _apply_rules(tx: Tx, rules: Rules) -> list[str]:
@@ -153,19 +232,26 @@ def _apply_rules(tx: Tx, rules: Rules) -> list[str]:
     return changed
 
 
-def _locked(db: DB, what: str, work: Callable[[Tx], T]) -> T:
-    """work(tx) in a transaction that holds the migrations' advisory lock and
-    waits at most LOCK_TIMEOUT_MS for any other lock; tried again, with
-    backoff, until it has the locks it needs. One line when it has to wait,
-    and one when it is through."""
+def _in_transaction(db: DB, what: str, work: Callable[[Tx], T]) -> T:
+    """work(tx) in a transaction that waits at most LOCK_TIMEOUT_MS for any
+    lock, tried again until it has the locks it needs."""
+
+    def attempt() -> T:
+        with db.transaction() as tx:
+            tx.exec(f"SET LOCAL lock_timeout = {LOCK_TIMEOUT_MS}")
+            return work(tx)
+
+    return _retried(what, attempt)
+
+
+def _retried(what: str, attempt: Callable[[], T]) -> T:
+    """attempt() until it does not fail for want of a lock, with backoff. One
+    line when it has to wait, and one when it is through."""
     retry = Backoff(base=0.1, cap=5.0)
     began = time.monotonic()
     while True:
         try:
-            with db.transaction() as tx:
-                tx.query_row("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
-                tx.exec(f"SET LOCAL lock_timeout = {LOCK_TIMEOUT_MS}")
-                done = work(tx)
+            done = attempt()
         except Exception as exc:
             if not is_lock_timeout(exc):
                 raise

@@ -1,3 +1,4 @@
+-- migrate: in steps
 -- The failed (err:) rows of one queue and name, oldest to newest: what the
 -- failed list, redrive and the admin page read when the operator names a
 -- queue (and a name). jobs_failed (012) holds every queue's failures in one
@@ -6,17 +7,8 @@
 -- are planned for their values on every run ("-- plan: custom" in sql/), or
 -- their "queue IS NULL OR ..." filters could not use it.
 --
--- Migrations run in a transaction, so this is not built CONCURRENTLY: it
--- holds writes to jobs (claims, outcomes, inserts) while it reads the whole
--- table, 1.6 s at 10M rows. On a table too big for that, build it by
--- hand before upgrading, outside a transaction, with this name and
--- definition; this statement then finds it and does nothing:
---
---   CREATE INDEX CONCURRENTLY IF NOT EXISTS jobs_failed_queue
---     ON jobs (queue, name, finished_at) WHERE starts_with(status, 'err: ');
---
--- A CONCURRENTLY build that fails leaves an index of that name marked
--- INVALID (psql's \d jobs shows it), which the planner never uses and
--- IF NOT EXISTS would keep: DROP INDEX CONCURRENTLY it and build it again.
-CREATE INDEX IF NOT EXISTS jobs_failed_queue
+-- In steps: built CONCURRENTLY, so writers go on while it reads the table.
+
+-- step: the failures by queue and name
+CREATE INDEX CONCURRENTLY IF NOT EXISTS jobs_failed_queue
   ON jobs (queue, name, finished_at) WHERE starts_with(status, 'err: ');

@@ -1,3 +1,4 @@
+-- migrate: in steps
 -- The admin page's search by args ({"customer_id": 42}: the jobs whose args
 -- contain that object, lib/http/admin/jobs.py) reads this index instead of
 -- every row: jsonb_path_ops holds one hash per path to a value, so it serves
@@ -5,16 +6,8 @@
 -- the default jsonb_ops. A query uses it only when it says `args @> <jsonb>`
 -- on the bare column (sql/admin.sql, planned for its values).
 --
--- Migrations run in a transaction, so this is not built CONCURRENTLY: it
--- holds writes to jobs (claims, outcomes, inserts) while it reads the whole
--- table. On a table too big for that, build it by hand before upgrading,
--- outside a transaction, with this name and definition; this statement then
--- finds it and does nothing:
---
---   CREATE INDEX CONCURRENTLY IF NOT EXISTS jobs_args
---     ON jobs USING gin (args jsonb_path_ops);
---
--- A CONCURRENTLY build that fails leaves an index of that name marked
--- INVALID (psql's \d jobs shows it), which the planner never uses and
--- IF NOT EXISTS would keep: DROP INDEX CONCURRENTLY it and build it again.
-CREATE INDEX IF NOT EXISTS jobs_args ON jobs USING gin (args jsonb_path_ops);
+-- In steps: built CONCURRENTLY, so writers go on while it reads the table
+-- (the longest build of the upgrade: every row's args).
+
+-- step: the search by args
+CREATE INDEX CONCURRENTLY IF NOT EXISTS jobs_args ON jobs USING gin (args jsonb_path_ops);

@@ -20,6 +20,10 @@ from lib.store.sql import SQL_DIR
 AT_034 = ROOT / "tests" / "data" / "schema_at_034.sql"
 
 # Each part of the schema as the server describes it, in a stable order.
+# Columns by name, not position: a migration that replaces a column (002's
+# id, filled in beside the old one) leaves the new one last, and the worker
+# names every column it reads or writes. Indexes with their validity: a
+# CONCURRENTLY build that failed leaves an index the planner never uses.
 CATALOGUE = {
     "columns": """
         SELECT c.relname, a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull,
@@ -27,12 +31,12 @@ CATALOGUE = {
         FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
         LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
         WHERE c.relnamespace = 'public'::regnamespace AND c.relkind = 'r' AND a.attnum > 0 AND NOT a.attisdropped
-        ORDER BY c.relname, a.attnum""",
+        ORDER BY c.relname, a.attname""",
     "constraints": """
         SELECT conrelid::regclass::text, conname, pg_get_constraintdef(oid) FROM pg_constraint
         WHERE connamespace = 'public'::regnamespace ORDER BY 1, 2""",
     "indexes": """
-        SELECT indexrelid::regclass::text, pg_get_indexdef(indexrelid) FROM pg_index i
+        SELECT indexrelid::regclass::text, pg_get_indexdef(indexrelid), indisvalid FROM pg_index i
         JOIN pg_class c ON c.oid = i.indexrelid WHERE c.relnamespace = 'public'::regnamespace ORDER BY 1""",
     "sequences": """
         SELECT seqrelid::regclass::text, format_type(seqtypid, NULL), seqstart, seqincrement, seqmax, seqmin,
