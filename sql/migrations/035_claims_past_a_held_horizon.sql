@@ -1,3 +1,4 @@
+-- migrate: in steps
 -- What a claim needs so that its cost does not grow with the jobs finished
 -- since the oldest snapshot still open (a report's REPEATABLE READ, a
 -- forgotten BEGIN, a standby's hot_standby_feedback): while that snapshot is
@@ -12,33 +13,52 @@
 -- jobs_due) instead of from the queue's first, long-dead, head. pending_xid
 -- is the transaction that last made the row pending (or moved it in the
 -- order): a row the last claim's snapshot could not see is read apart.
+--
+-- In steps: the indexes on jobs are built and dropped CONCURRENTLY, so
+-- writers go on while they read the table; each new index is whole before
+-- the one it replaces goes.
+
+-- step: the columns, and the claims' sequence
 ALTER TABLE jobs
-  ADD COLUMN claim_seq bigint,
-  ADD COLUMN claim_slot int,
-  ADD COLUMN claim_snapshot pg_snapshot,
-  ADD COLUMN claim_run_at timestamptz,
-  ADD COLUMN pending_xid xid8;
+  ADD COLUMN IF NOT EXISTS claim_seq bigint,
+  ADD COLUMN IF NOT EXISTS claim_slot int,
+  ADD COLUMN IF NOT EXISTS claim_snapshot pg_snapshot,
+  ADD COLUMN IF NOT EXISTS claim_run_at timestamptz,
+  ADD COLUMN IF NOT EXISTS pending_xid xid8;
 -- New rows only: a volatile default on ADD COLUMN would rewrite the table.
 ALTER TABLE jobs ALTER COLUMN pending_xid SET DEFAULT pg_current_xact_id();
 CREATE SEQUENCE IF NOT EXISTS jobs_claim_seq;
 -- A started row from before has no claim_seq: numbered so that its slot's
--- newest claim is itself.
+-- newest claim is itself (one a running job: a few rows).
 UPDATE jobs SET claim_seq = nextval('jobs_claim_seq'), claim_slot = slot WHERE status = 'started' AND claim_seq IS NULL;
 
--- Each queue's and each slot's newest claims, read newest first: one entry
--- reached whatever the dead versions behind it.
-CREATE INDEX IF NOT EXISTS jobs_claims ON jobs (queue, claim_seq DESC) WHERE claim_seq IS NOT NULL;
-CREATE INDEX IF NOT EXISTS jobs_slot_claims ON jobs (queue, claim_slot, claim_seq DESC) WHERE claim_seq IS NOT NULL;
--- A queue's order with its priority as its negation, so that where a claim
--- stands in it is one row to compare with (jobs_due).
-CREATE INDEX IF NOT EXISTS jobs_queue_order ON jobs (queue, (-priority), run_at, id) WHERE status = 'pending';
-DROP INDEX IF EXISTS jobs_claim;
+-- step: each queue's newest claims, read newest first
+CREATE INDEX CONCURRENTLY IF NOT EXISTS jobs_claims ON jobs (queue, claim_seq DESC) WHERE claim_seq IS NOT NULL;
+
+-- step: each slot's newest claims, read newest first
+CREATE INDEX CONCURRENTLY IF NOT EXISTS jobs_slot_claims ON jobs (queue, claim_slot, claim_seq DESC)
+  WHERE claim_seq IS NOT NULL;
+
+-- step: the rows made pending since a snapshot, by queue
+CREATE INDEX CONCURRENTLY IF NOT EXISTS jobs_pending_xid ON jobs (queue, pending_xid) WHERE status = 'pending';
+
+-- step: the started rows, for the rescue and the counts
+-- Not unique, unlike jobs_started_slot, which it replaces: a unique index
+-- checks each new started row against every dead version of its key, which
+-- a held snapshot keeps; claims hold a queue to its concurrency under the
+-- queue's turn (jobs_queue_turn, jobs_slot_holder).
+CREATE INDEX CONCURRENTLY IF NOT EXISTS jobs_started ON jobs (queue, slot) WHERE status = 'started';
+
+-- step: jobs_started_slot gone
+DROP INDEX CONCURRENTLY IF EXISTS jobs_started_slot;
+
+-- step: a queue's order with its priority as its negation, under a new name
+-- So that where a claim stands in it is one row to compare with (jobs_due).
+CREATE INDEX CONCURRENTLY IF NOT EXISTS jobs_queue_order ON jobs (queue, (-priority), run_at, id)
+  WHERE status = 'pending';
+
+-- step: the old order gone
+DROP INDEX CONCURRENTLY IF EXISTS jobs_claim;
+
+-- step: the new order under the old name
 ALTER INDEX jobs_queue_order RENAME TO jobs_claim;
--- The rows made pending since a snapshot, by queue.
-CREATE INDEX IF NOT EXISTS jobs_pending_xid ON jobs (queue, pending_xid) WHERE status = 'pending';
--- The started rows, for the rescue and the counts. Not unique: a unique
--- index checks each new started row against every dead version of its key,
--- which a held snapshot keeps; claims hold a queue to its concurrency under
--- the queue's turn (jobs_queue_turn, jobs_slot_holder).
-CREATE INDEX IF NOT EXISTS jobs_started ON jobs (queue, slot) WHERE status = 'started';
-DROP INDEX IF EXISTS jobs_started_slot;
