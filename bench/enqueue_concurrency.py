@@ -1,0 +1,202 @@
+"""What an enqueue costs an application that writes from many processes at
+once, against the same insert without its notification, and how soon an idle
+worker starts a job once its enqueue has committed.
+
+Run from the project root:  .venv/bin/python bench/enqueue_concurrency.py [--seconds 8] [--rounds 3]
+
+Enqueue: --clients (16, then 1 for reference) processes of a plain
+synchronous application (bench/apps/sharing_enqueue.py: psycopg2, no gevent,
+no worker running), each writing one job a transaction for --seconds, all
+from the same moment, into one queue and then round robin over 40 queues.
+Two kinds of write, taking turns in every round (each round begun by the
+other kind), the jobs table emptied before each run:
+  - lib.insert: BEGIN; lib.insert.insert(cur, queue, name, args); COMMIT
+    (jobs_insert: the row, and the queue's NOTIFY);
+  - plain INSERT: BEGIN; the INSERT jobs_insert makes (the same columns, the
+    same dedupe read, ON CONFLICT DO NOTHING RETURNING id), prepared once, in
+    a session where jobs.inserting_checked is on, as jobs_insert sets it
+    around its own INSERT, so the statement trigger neither runs nor
+    notifies; COMMIT. The row, its indexes and its commit, nothing else: no
+    superuser, no DDL, no other table.
+For each: the jobs committed a second by all clients together, the median of
+the rounds, lib.insert over plain (the target: 0.8 or more), and each write's
+commit time (p50, p99). Postgres serialises the commits of transactions that
+notify (one lock on the notification queue, held through the commit's flush),
+so many clients that enqueue through NOTIFY commit one at a time.
+
+Wake: a real worker (bench/compare.py's, one queue, concurrency 1) idle, and
+another process enqueuing --samples jobs through lib.insert, one a commit,
+50-100 ms apart (compare.py's workload 4): the handler's start less the
+enqueuer's time right after its COMMIT returned, p50 and p99; beside it, in a
+database of its own, what the server allows (bench/floors.py): the NOTIFY
+read alone and a plain claim committed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import compare, floors, harness
+from bench.harness import CommitRate, Server, add_pgbench_seconds, admin_connect, scratch_database
+from bench.sharing import latency_ms, start_clients, vacuum_line, vacuum_settings
+
+KINDS = {"lib": "lib.insert", "plain": "plain INSERT"}
+MANY_QUEUES = 40
+TARGET = 0.8
+
+
+def one_run(url: str, kind: str, clients: int, queues: int, seconds: float) -> dict[str, Any]:
+    """clients writing kind into queues for seconds, on an emptied table."""
+    conn = admin_connect(url)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("TRUNCATE jobs")
+    finally:
+        conn.close()
+    names = [f"q{i:02d}" for i in range(queues)]
+    run = start_clients(kind, url, clients, names, seconds=seconds)
+    writes = run.wait(seconds + 60)
+    committed = writes.committed(run.start_at, run.start_at + seconds)
+    return {
+        "jobs": committed,
+        "per_s": committed / seconds,
+        "errors": len(writes.errors),
+        "first_errors": writes.errors[:3],
+        "commit_ms": latency_ms(writes.took),
+    }
+
+
+def cells(args: argparse.Namespace) -> list[tuple[int, int]]:
+    """(clients, queues) of every row, the busiest first."""
+    return [(c, q) for c in args.clients for q in (1, MANY_QUEUES)]
+
+
+def enqueue_rates(url: str, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Every (clients, queues) row: each kind's runs, round by round, and their medians."""
+    found = {cell: {kind: [] for kind in KINDS} for cell in cells(args)}
+    order = list(KINDS)
+    for n in range(args.rounds):
+        for clients, queues in cells(args):
+            for kind in order[n % 2 :] + order[: n % 2]:
+                print(
+                    f"round {n + 1} of {args.rounds}: {clients} clients, {queues} queues, {KINDS[kind]} ...",
+                    flush=True,
+                )
+                found[(clients, queues)][kind].append(one_run(url, kind, clients, queues, args.seconds))
+    rows = []
+    for (clients, queues), runs in found.items():
+        medians = {kind: statistics.median(r["per_s"] for r in runs[kind]) for kind in KINDS}
+        rows.append(
+            {
+                "clients": clients,
+                "queues": queues,
+                "runs": runs,
+                "per_s": medians,
+                "ratio": medians["lib"] / medians["plain"] if medians["plain"] else None,
+                "round_ratios": [
+                    lib["per_s"] / plain["per_s"] if plain["per_s"] else None
+                    for lib, plain in zip(runs["lib"], runs["plain"], strict=True)
+                ],
+            }
+        )
+    return rows
+
+
+def print_table(result: dict[str, Any]) -> None:
+    options = result["options"]
+    rate = result["commit_rate"]["tps"]
+    print(vacuum_line(result["vacuum"]))
+    print(
+        f"enqueue      each client one job a transaction for {options['seconds']:g} s, no worker; "
+        f"{options['rounds']} rounds, the kinds in turns; medians"
+    )
+    print()
+    header = (
+        f"{'clients, queues':<18}{'lib.insert/s':>13}{'plain/s':>10}{'lib/plain':>11}"
+        f"{'of commits':>12}{'commit p50 ms':>15}{'commit p99 ms':>15}{'errors':>8}"
+    )
+    print(header)
+    print("-" * len(header))
+    for row in result["enqueue"]:
+        lib, plain = row["per_s"]["lib"], row["per_s"]["plain"]
+        p50 = "/".join(_ms(statistics.median(r["commit_ms"]["p50"] for r in row["runs"][k])) for k in KINDS)
+        p99 = "/".join(_ms(statistics.median(r["commit_ms"]["p99"] for r in row["runs"][k])) for k in KINDS)
+        errors = sum(r["errors"] for k in KINDS for r in row["runs"][k])
+        ratio = "-" if row["ratio"] is None else f"{row['ratio']:.2f}"
+        label = f"{row['clients']}, {row['queues']}"
+        print(f"{label:<18}{lib:>13,.0f}{plain:>10,.0f}{ratio:>11}{lib / rate:>12.2f}{p50:>15}{p99:>15}{errors:>8}")
+    print(f"(of commits: lib.insert's rate over the one-client UPDATE commit rate, {rate:,.0f}/s;")
+    print(" commit times lib.insert/plain, the median of the rounds' percentiles)")
+    for row in result["enqueue"]:
+        each = ", ".join("-" if r is None else f"{r:.2f}" for r in row["round_ratios"])
+        print(f"  {row['clients']} clients, {row['queues']} queues, lib/plain round by round: {each}")
+    wake, floor = result["wake"], result["floor"]
+    print()
+    print(f"{'idle worker, one queue: commit to':<44}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}")
+    print(
+        f"{'handler start (lib.insert, worker.main)':<44}{_ms(wake['p50_ms']):>9}{_ms(wake['p99_ms']):>9}"
+        f"{_ms(wake['max_ms']):>9}"
+    )
+    for what, found in floor.items():
+        print(f"{'floor: ' + what:<44}{found['p50']:>9.2f}{found['p99']:>9.2f}")
+    if wake["started"] < wake["samples"]:
+        print(f"  {wake['samples'] - wake['started']} of {wake['samples']} jobs not started within 5 s")
+    plain_claim = floor.get("claim committed: plain UPDATE")
+    if plain_claim and wake["p50_ms"]:
+        print(
+            f"  the worker over a plain claim committed: p50 x{wake['p50_ms'] / plain_claim['p50']:.2f},"
+            f" p99 x{wake['p99_ms'] / plain_claim['p99']:.2f}"
+        )
+    busiest = result["enqueue"][0]
+    met = "met" if busiest["ratio"] is not None and busiest["ratio"] >= TARGET else "NOT met"
+    print()
+    print(
+        f"{busiest['clients']} clients, one queue: lib.insert {busiest['per_s']['lib']:,.0f} jobs/s against"
+        f" {busiest['per_s']['plain']:,.0f} plain, x{busiest['ratio'] or 0:.2f} (target x{TARGET:.2f} {met})"
+    )
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=8.0, help="each run's writing (default %(default)s)")
+    parser.add_argument("--clients", default="16,1", help="client processes of each row (default %(default)s)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds, each kind once a round (default %(default)s)")
+    parser.add_argument("--samples", type=int, default=200, help="jobs of the wake latency (default %(default)s)")
+    add_pgbench_seconds(parser, default=5)
+    args = parser.parse_args(argv)
+    args.clients = [int(c) for c in args.clients.split(",")]
+    if args.rounds < 1 or args.seconds <= 0 or min(args.clients) < 1 or args.samples < 2:
+        parser.error("--rounds >= 1, --seconds > 0, --clients >= 1, --samples >= 2")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+
+    def measure(server: Server, rate: CommitRate) -> dict[str, Any]:
+        with scratch_database(server) as scratch:
+            settings = vacuum_settings(scratch.admin)
+            rows = enqueue_rates(scratch.url, args)
+        print(f"wake: an idle worker, {args.samples} jobs one a commit ...", flush=True)
+        wake = compare.measure_latency(compare.Side(), server, compare.concurrency(1), args.samples)
+        print(f"floor: the NOTIFY read and a plain claim, {args.samples} jobs ...", flush=True)
+        with scratch_database(server) as scratch:
+            floor = floors.start_times(scratch.url, args.samples)
+        return {"vacuum": settings, "enqueue": rows, "wake": asdict(wake), "floor": floor}
+
+    return harness.run("enqueue_concurrency", args, measure, print_table)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
