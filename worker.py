@@ -124,7 +124,9 @@ def main(
         return 1
     try:
         _say_pooler(db, settings)
-        migrate(db)
+        # doctor reads the database as it is: one a migration would fail on is what it must explain.
+        if args.command != "doctor":
+            migrate(db)
         return _operate(db, args, registry)
     finally:
         db.close()
@@ -325,6 +327,10 @@ def _operate(db: DB, args: "Namespace | SimpleNamespace", registry: Registry) ->
             return 2
     if args.command in ("redrive", "retry"):
         return commands.redrive_failed(db, args, out, err)
+    if args.command == "doctor":
+        from lib.operate import doctor
+
+        return doctor.doctor(db, args, out, err)
     if args.command == "failed":
         return commands.failed(db, args, out)
     if args.command == "show":
