@@ -1,8 +1,9 @@
 """`worker.py doctor` against the real database, as its owner (no superuser):
 a transaction held open elsewhere, another role's that the owner may not
 see in full, a replication slot, objects a migration changes owned by
-another role, a table locked by a migration. The judgement alone, without
-a database, is tests/unit/test_doctor_verdicts.py."""
+another role, a table locked by a migration; the same figures on /metrics
+and the admin page. The judgement alone, without a database, is
+tests/unit/test_doctor_verdicts.py."""
 
 import json
 import os
@@ -15,13 +16,19 @@ from contextlib import contextmanager
 import gevent
 import psycopg2
 import pytest
+import requests
+from gevent.event import Event
+from http_support import serving
+from prometheus_client.parser import text_string_to_metric_families
 from tests_support import ROOT
 
 import worker
+from lib.http.httpd import worker_app
 from lib.operate import doctor
 from lib.store import vitals
 from queues import REGISTRY
 
+TOKEN = "doctor-" + "t0ken" * 4
 # Every hold is past these: a test judges a hold without waiting for one to age.
 AT_ONCE = doctor.Thresholds(horizon_warning=0.0, horizon_bad=0.0)
 
@@ -201,3 +208,34 @@ def test_doctor_from_a_real_process_prints_json_that_parses(db, database_url):
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert json.loads(done.stdout)["verdict"] in ("ok", "warning")
+
+
+def test_metrics_and_the_admin_page_show_the_figures(db, database_url, monkeypatch):
+    monkeypatch.setattr(doctor, "THRESHOLDS", AT_ONCE)
+    db.exec("INSERT INTO jobs (queue, name) SELECT 'mail', 'mail.Send' FROM generate_series(1, 10)")
+    db.exec("DELETE FROM jobs WHERE id % 2 = 0")
+    app = worker_app(
+        db, admin_token=TOKEN, queues=[], listener=None, supervisor=None, committer=None, stop=Event(), outage=None
+    )
+    with held(database_url) as pid, serving(app) as base:
+        answer = requests.get(f"{base}/metrics", timeout=10)
+        samples = {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(answer.text)
+            for s in family.samples
+        }
+        session = requests.Session()
+        session.post(f"{base}/admin/login", data={"token": TOKEN}, timeout=10)
+        page = session.get(f"{base}/admin/database", timeout=10)
+    assert samples[("jobs_db_vitals_up", ())] == 1
+    assert samples[("jobs_db_horizon_age_seconds", (("holder", "transaction"),))] > 0
+    assert ("jobs_db_horizon_age_xids", (("holder", "transaction"),)) in samples
+    assert samples[("jobs_db_jobs_dead_rows", ())] >= 0
+    assert samples[("jobs_db_jobs_total_bytes", ())] > samples[("jobs_db_jobs_table_bytes", ())] > 0
+    assert samples[("jobs_db_notify_queue_usage", ())] == 0
+    assert samples[("jobs_db_database_xid_age", ())] > 0 and ("jobs_db_jobs_xid_age", ()) in samples
+    assert page.status_code == 200
+    assert '<span class="badge kind-err" id="verdict">bad</span>' in page.text
+    assert f"transaction pid {pid} (doctor-psql, role " in page.text
+    assert f"SELECT pg_terminate_backend({pid})" in page.text
+    assert 'data-finding="migrations"' in page.text and 'href="/admin/database" class="here"' in page.text
