@@ -7,6 +7,7 @@ tests/unit/test_doctor_verdicts.py."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -184,6 +185,23 @@ def test_doctor_exits_1_on_a_bad_finding_and_prints_json_for_scripts(db, databas
     assert document["verdict"] == "bad"
     assert next(f for f in document["findings"] if f["name"] == "horizon")["verdict"] == "bad"
     assert pid in [h["pid"] for h in document["vitals"]["holders"]]
+
+
+def test_doctor_reads_the_database_as_it_is_and_migrates_nothing(empty_database, monkeypatch, capsys):
+    """A database a migration would change is the one doctor must explain, as it is."""
+    monkeypatch.setenv("DATABASE_URL", empty_database)
+    code = worker.main(REGISTRY, ["doctor"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert re.search(r"^warning +jobs dead rows +no jobs table$", out, re.MULTILINE), out
+    assert "do: run worker.py migrate" in out
+    conn = psycopg2.connect(empty_database)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT to_regclass('jobs'), to_regclass('schema_migrations')")
+            assert cur.fetchone() == (None, None)
+    finally:
+        conn.close()
 
 
 def test_a_query_the_role_may_not_run_is_one_line_and_exit_1(db, admin_db, cli):
