@@ -95,10 +95,9 @@ def findings(v: Vitals, missing: list[Unowned], t: Thresholds) -> list[Finding]:
     ]
 
 
-def holder_verdict(h: Holder, t: Thresholds, seconds: float | None = None) -> str:
+def holder_verdict(h: Holder, t: Thresholds) -> str:
     """A hold judged by how long (where known) and how far back."""
-    seconds = h.seconds if seconds is None else seconds
-    by_time = _level(seconds, t.horizon_warning, t.horizon_bad)
+    by_time = _level(h.seconds, t.horizon_warning, t.horizon_bad)
     return max(by_time, _level(h.xids, t.horizon_xids_warning, t.horizon_xids_bad), key=_RANK.__getitem__)
 
 
@@ -126,8 +125,11 @@ def held_text(h: Holder) -> str:
     parts = [h.label()]
     if h.state:
         parts.append(h.state)
-    parts.append(f"open {overview.age(h.seconds)}" if h.seconds is not None else "open for how long: not visible")
-    parts.append(f"xmin age {h.xids:,}" if h.xids is not None else "holds no rows")
+    if h.seconds is not None:
+        parts.append(f"open {overview.age(h.seconds)}")
+    elif not h.visible:
+        parts.append("open for how long: not visible to this role")
+    parts.append(f"xmin age {h.xids:,}")
     if h.query:
         parts.append(f"query: {one_line(h.query)}")
     return ", ".join(parts)
