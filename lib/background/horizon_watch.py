@@ -20,6 +20,7 @@ from gevent.event import Event
 
 from lib.setup import errors
 from lib.setup.errors import Outage
+from lib.store.db import DB
 from lib.store.errors import is_outage
 from lib.store.vitals import Holder, Sightings, oldest, read
 
@@ -38,7 +39,7 @@ LOOK_EVERY = 60.0
 class HorizonWatch:
     def __init__(
         self,
-        db: object,
+        db: DB,
         *,
         threshold: float = HELD_TOO_LONG,
         every: float = LOOK_EVERY,
