@@ -250,7 +250,7 @@ def test_metrics_and_the_admin_page_show_the_figures(db, database_url, monkeypat
     assert ("jobs_db_horizon_age_xids", (("holder", "transaction"),)) in samples
     assert samples[("jobs_db_jobs_dead_rows", ())] >= 0
     assert samples[("jobs_db_jobs_total_bytes", ())] > samples[("jobs_db_jobs_table_bytes", ())] > 0
-    assert samples[("jobs_db_notify_queue_usage", ())] == 0
+    assert 0 <= samples[("jobs_db_notify_queue_usage", ())] <= 1  # the server's, shared with other databases
     assert samples[("jobs_db_database_xid_age", ())] > 0 and ("jobs_db_jobs_xid_age", ()) in samples
     assert page.status_code == 200
     assert '<span class="badge kind-err" id="verdict">bad</span>' in page.text
