@@ -19,6 +19,7 @@ from gevent.event import Event  # noqa: E402
 
 from lib.background import dedupe, worker_registry  # noqa: E402
 from lib.background.clock import Clock, Scheduled  # noqa: E402
+from lib.background.horizon_watch import HorizonWatch  # noqa: E402
 from lib.background.leases import Leases, new_worker_id  # noqa: E402
 from lib.background.rollup import Rollup  # noqa: E402
 from lib.greenlets import hub_watch, reports  # noqa: E402
@@ -123,7 +124,9 @@ def main(
         return 1
     try:
         _say_pooler(db, settings)
-        migrate(db)
+        # doctor reads the database as it is: one a migration would fail on is what it must explain.
+        if args.command != "doctor":
+            migrate(db)
         return _operate(db, args, registry)
     finally:
         db.close()
@@ -324,6 +327,10 @@ def _operate(db: DB, args: "Namespace | SimpleNamespace", registry: Registry) ->
             return 2
     if args.command in ("redrive", "retry"):
         return commands.redrive_failed(db, args, out, err)
+    if args.command == "doctor":
+        from lib.operate import doctor
+
+        return doctor.doctor(db, args, out, err)
     if args.command == "failed":
         return commands.failed(db, args, out)
     if args.command == "show":
@@ -433,6 +440,8 @@ def run(
     if schedule:
         helpers.append(supervisor.spawn("clock", Clock(db, list(schedule), outage=outage).run))
     helpers.append(supervisor.spawn("rollup", Rollup(db, outage=outage).run))
+    # A transaction or slot that holds the horizon is told of once per hold.
+    helpers.append(supervisor.spawn("horizon", HorizonWatch(db, outage=outage).run))
     # The database's return wakes every poller at once (lib/run/recovery.py).
     helpers.append(supervisor.spawn("recovery", Recovery(db, outage, lambda: _wake(pollers)).run))
     if settings.http_addr is not None:

@@ -29,6 +29,7 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 from lib.http import metrics
 from lib.http.connections import HEAD_TIMEOUT, MAX_CONNECTIONS, CappedServer
 from lib.http.health import Health
+from lib.http.vitals import VitalsCollector
 from lib.http.web import App, Environ, Request, StartResponse, text
 from lib.operate import overview
 from lib.setup.errors import capture
@@ -234,6 +235,7 @@ def worker_app(
         outage=outage,
         conn_failure=is_outage,
     )
+    registry.register(VitalsCollector(db, outage=outage, conn_failure=is_outage))
     admin = None
     if admin_token:
         # Only here: the admin page's templates (Jinja2) are memory that a

@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -152,6 +152,52 @@ class StateCollector(Collector):
 
 
 Stats = Callable[[Any, Iterable[str]], Sequence[Any]]
+T = TypeVar("T")
+
+
+class Cached(Generic[T]):
+    """What fetch() read, kept ttl seconds: however many scrapers ask, the
+    database answers once per ttl. A failure is reported once per run of
+    them (a lost connection as the database's outage, shared with the rest
+    of the worker) and read as None, so the rest of the scrape still answers."""
+
+    def __init__(
+        self,
+        fetch: Callable[[], T],
+        what: str,
+        *,
+        ttl: float,
+        outage: Outage | None,
+        conn_failure: Callable[[BaseException], bool],
+        clock: Callable[[], float],
+    ) -> None:
+        self.fetch = fetch
+        self.ttl = ttl
+        # A lost connection is the database's outage, shared with the rest of the worker.
+        self.outage = outage or Outage("database")
+        self.fault = Outage(what)
+        self.conn_failure = conn_failure
+        self._clock = clock
+        self._cached: tuple[float, T] | None = None
+        # Scrapes that come together wait for one query instead of sending one
+        # each (cooperative under the worker's monkey-patching).
+        self._lock = threading.Lock()
+
+    def read(self) -> T | None:
+        with self._lock:
+            now = self._clock()
+            if self._cached is not None and now - self._cached[0] < self.ttl:
+                return self._cached[1]
+            try:
+                found = self.fetch()
+            except Exception as exc:
+                (self.outage if self.conn_failure(exc) else self.fault).failed(exc)
+                self._cached = None
+                return None
+            self.outage.recovered()
+            self.fault.recovered()
+            self._cached = (now, found)
+            return found
 
 
 class QueueCollector(Collector):
@@ -174,32 +220,18 @@ class QueueCollector(Collector):
         self.db = db
         self.stats = stats
         self.queues = sorted(set(queues))
-        self.ttl = ttl
-        # A lost connection is the database's outage, shared with the rest of the worker.
-        self.outage = outage or Outage("database")
-        self.fault = Outage("metrics: queue stats")
-        self.conn_failure = conn_failure
-        self._clock = clock
-        self._cached: tuple[float, Sequence[Any]] | None = None
-        # Scrapes that come together wait for one query instead of sending one
-        # each (cooperative under the worker's monkey-patching).
-        self._lock = threading.Lock()
+        self._cache = Cached(
+            lambda: self.stats(self.db, self.queues),
+            "metrics: queue stats",
+            ttl=ttl,
+            outage=outage,
+            conn_failure=conn_failure,
+            clock=clock,
+        )
+        self.outage, self.fault = self._cache.outage, self._cache.fault
 
     def _read(self) -> Sequence[Any] | None:
-        with self._lock:
-            now = self._clock()
-            if self._cached is not None and now - self._cached[0] < self.ttl:
-                return self._cached[1]
-            try:
-                found = self.stats(self.db, self.queues)
-            except Exception as exc:
-                (self.outage if self.conn_failure(exc) else self.fault).failed(exc)
-                self._cached = None
-                return None
-            self.outage.recovered()
-            self.fault.recovered()
-            self._cached = (now, found)
-            return found
+        return self._cache.read()
 
     def collect(self) -> Iterator[Metric]:
         found = self._read()

@@ -69,7 +69,12 @@ def make_parser(settings: Settings) -> argparse.ArgumentParser:
     cancel_ = commands.add_parser("cancel", help="end pending jobs as cancelled; others are left alone and named")
     cancel_.add_argument("ids", type=_job_id, nargs="+", metavar="ID")
     db_url = commands.add_parser("db-url", help="the URL of the database the worker uses, password masked")
-    for command in (redrive_, status_, failed_, show_, enqueue_, cancel_, db_url):
+    doctor_ = commands.add_parser(
+        "doctor",
+        help="what holds back vacuum, the jobs table's dead rows and size, the NOTIFY queue, transaction-ID age"
+        " and whether this role can migrate; exit 1 when one is bad",
+    )
+    for command in (redrive_, status_, failed_, show_, enqueue_, cancel_, db_url, doctor_):
         command.add_argument("--json", action="store_true", help="print JSON, for scripts")
     return parser
 

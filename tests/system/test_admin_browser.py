@@ -3,8 +3,8 @@ Playwright): no token, no page; log in, see the queues, retry a failure and
 see it pending, pause and resume; browse, filter and search the jobs, read a
 job's traceback, cancel, run now and retry it; HTML in a job's name shown as
 text, and a POST without the CSRF token refused; the queues page with an off
-queue and one no worker runs, a queue's charts after jobs ran, the schedule
-and workers pages, a bulk retry with its preview, and the numbers refreshed
+queue and one no worker runs, a queue's charts after jobs ran, the schedule,
+workers and database pages, a bulk retry with its preview, and the numbers refreshed
 in place (not in a hidden tab). Each page's screenshot is written under
 tests/artifacts/ for a person to look at.
 
@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import psycopg2
 import pytest
 from http_support import serving
 from playwright.sync_api import Browser, Page, expect, sync_playwright
@@ -37,7 +38,7 @@ from lib.http.admin import Admin, jobs
 from lib.http.health import Health
 from lib.http.httpd import make_app
 from lib.insert import insert
-from lib.operate import overview
+from lib.operate import doctor, overview
 
 PHONE = {"viewport": {"width": 390, "height": 844}, "device_scale_factor": 2, "is_mobile": True, "has_touch": True}
 
@@ -621,6 +622,39 @@ def test_the_schedule_and_workers_pages(db, browser):
             assert page.evaluate("document.documentElement.scrollWidth") <= page.viewport_size["width"]
             shot(page, f"workers{suffix}")
             context.close()
+
+
+def test_the_database_page_with_a_held_transaction(db, database_url, browser, monkeypatch):
+    """doctor's findings, a transaction held open elsewhere named bad at a
+    threshold of nothing, every long line kept inside its card on a phone."""
+    monkeypatch.setattr(doctor, "THRESHOLDS", doctor.Thresholds(horizon_warning=0.0, horizon_bad=0.0))
+    held = psycopg2.connect(database_url, application_name="psql")
+    try:
+        with held.cursor() as cur:
+            cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+            cur.execute("SELECT count(*) FROM jobs WHERE status = 'pending' AND queue = 'a-rather-long-queue-name'")
+        pid = held.info.backend_pid
+        with admin_site(db) as base:
+            for options, suffix in (({"viewport": {"width": 1280, "height": 800}}, ""), (PHONE, "-phone")):
+                context = browser.new_context(**options)
+                page = context.new_page()
+                log_in(page, base)
+                page.get_by_role("link", name="Database").click()
+                expect(page.locator("#verdict")).to_have_text("bad")
+                horizon = page.locator('#findings tr[data-finding="horizon"]')
+                expect(horizon).to_contain_text(f"transaction pid {pid} (psql, role ")
+                expect(horizon.locator(".advice")).to_contain_text(f"SELECT pg_terminate_backend({pid})")
+                expect(page.locator('#findings tr[data-finding="migrations"]')).to_contain_text("ok")
+                assert page.evaluate("document.documentElement.scrollWidth") <= page.viewport_size["width"]
+                assert fits(page, "#findings td > *", "tr")
+                # The findings' text has the card's width, not a column beside a label.
+                widths = horizon.locator(".summary").evaluate("el => [el.offsetWidth, el.closest('tr').offsetWidth]")
+                assert widths[0] > 0.8 * widths[1] or not suffix, widths
+                shot(page, f"database{suffix}")
+                context.close()
+    finally:
+        held.rollback()
+        held.close()
 
 
 def test_bulk_retry_with_its_preview_count(db, browser):

@@ -1,13 +1,13 @@
 """The admin page under /admin/: the queues (each, with its charts), the
 jobs (browse, search, one job and its actions, bulk retry and cancel), the
-failures (retry them), pause and resume, the schedule, the workers.
-Server-side HTML from the Jinja2 templates beside this file, autoescaped,
-charts as inline SVG; the only script is base.html's, which polls
-/admin/live for a page's numbers. This module holds the login and the
-routes; the read-only pages are worked out in views.py (queues.py,
-timeline.py, schedule.py), the jobs list and one job's page in jobs.py and
-job.py, the bulk actions in bulk.py, the queues and failures pages' forms in
-actions.py, and what every page shares in render.py.
+failures (retry them), pause and resume, the schedule, the workers, the
+database's health. Server-side HTML from the Jinja2 templates beside this
+file, autoescaped, charts as inline SVG; the only script is base.html's,
+which polls /admin/live for a page's numbers. This module holds the login
+and the routes; the read-only pages are worked out in views.py (queues.py,
+timeline.py, schedule.py) and database.py, the jobs list and one job's page
+in jobs.py and job.py, the bulk actions in bulk.py, the queues and failures
+pages' forms in actions.py, and what every page shares in render.py.
 
 On only when JOBS_ADMIN_TOKEN is set. Every request presents the token: as
 `Authorization: Bearer <token>` (scripts), or as the session cookie the login
@@ -36,6 +36,7 @@ from urllib.parse import unquote, urlencode
 from lib.http.admin import bulk, jobs, views
 from lib.http.admin import job as one_job
 from lib.http.admin.actions import pause_queue, resume_queue, retry_failures, scale_queue
+from lib.http.admin.database import database_page
 from lib.http.admin.filters import BadFilter, readable
 from lib.http.admin.guesses import LOGIN
 from lib.http.admin.render import (
@@ -187,6 +188,8 @@ class Admin(Sessions):
             return self._missing(request, session, "A job's page is /admin/jobs/ and its number.")
         if path == "/workers":
             return self._page("workers.html", request, session, live="workers", **views.workers_page(self.site))
+        if path == "/database":
+            return self._page("database.html", request, session, **database_page(self.db))
         return None
 
     def _queue(self, queue: str, request: Request, session: str | None, now: datetime) -> Response:
