@@ -102,6 +102,14 @@ def superuser_url(database_url: str, server_url: str) -> str:
     return urlunsplit(urlsplit(database_url)._replace(netloc=urlsplit(server_url).netloc))
 
 
+def asleep(db: DB, *queues: str) -> None:
+    """Each queue as a poller of it leaves it when it goes to sleep
+    (jobs_sleep, sql/rules/wakeups.sql): its enqueues notify, until a claim
+    of it. Only a queue some poller sleeps on is notified."""
+    for queue in queues:
+        assert db.query_row("SELECT jobs_sleep(%s)", (queue,)) == ("asleep",)
+
+
 def count_jobs(db: DB, where: str = "TRUE") -> int:
     return db.query_row(f"SELECT count(*) FROM jobs WHERE {where}")[0]
 

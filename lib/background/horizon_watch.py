@@ -27,9 +27,9 @@ from lib.store.vitals import Holder, Sightings, oldest, read
 log = logging.getLogger("jobs.horizon")
 
 # Held this long, the dead rows of every job that ended since stay in the
-# table and its indexes, and the claim walks past them: long enough that a
-# batch job's transaction or a slow report is not news, short enough to
-# be told before the claim slows.
+# table and its indexes, which grow until it ends: long enough that a batch
+# job's transaction or a slow report is not news, short enough to be told
+# before the space matters.
 HELD_TOO_LONG = 600.0
 # How often the watch looks: a hold is told within a minute of its passing
 # the threshold, for one cheap statement a minute.

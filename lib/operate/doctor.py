@@ -27,7 +27,7 @@ _RANK = {OK: 0, WARNING: 1, BAD: 2}
 class Thresholds:
     # An application's transaction lasts well under a second; one open for
     # minutes was left open (a psql session, a stuck request), and every job
-    # that ends meanwhile leaves dead rows the claim walks past.
+    # that ends meanwhile leaves dead rows the table keeps until it ends.
     horizon_warning: float = 300.0
     # The horizon watch's own threshold: what the worker logs and reports.
     horizon_bad: float = HELD_TOO_LONG

@@ -8,7 +8,7 @@ they show them.
 The horizon is the oldest transaction ID whose rows every session may still
 need to see. Nothing newer than it can be vacuumed away: while something
 holds it, every finished or retried job leaves dead rows in the jobs table
-and its indexes, and the claim walks them.
+and its indexes, which grow until it ends.
 """
 
 from __future__ import annotations

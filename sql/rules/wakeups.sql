@@ -14,14 +14,16 @@
 -- than a moment: a poller that cannot have the lock looks again shortly.
 -- Each side spells the lock's key (1785684596, hashtext(queue)) here alone.
 
--- Whether an enqueue of queue q notifies: a poller of it sleeps. Takes the
--- shared side of the queue's enqueue lock, until the transaction ends.
+-- Whether an enqueue of queue q notifies: a poller of it sleeps. A queue with
+-- no row has no poller that ever slept (none runs, or none has yet gone
+-- idle): nobody to wake. Takes the shared side of the queue's enqueue lock,
+-- until the transaction ends.
 CREATE OR REPLACE FUNCTION jobs_wake_wanted(q text) RETURNS boolean
 LANGUAGE plpgsql AS $$
 BEGIN
   PERFORM pg_advisory_xact_lock_shared(1785684596, hashtext(q));
   -- A statement after the lock: it sees the mark of any poller that took the lock before.
-  RETURN coalesce((SELECT jq.wake_wanted FROM job_queues jq WHERE jq.queue = q), true);
+  RETURN coalesce((SELECT jq.wake_wanted FROM job_queues jq WHERE jq.queue = q), false);
 END $$;
 
 -- A poller of queue q going to sleep: 'asleep' once every later enqueue of q

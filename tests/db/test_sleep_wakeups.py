@@ -69,12 +69,12 @@ def test_a_claimed_queue_is_not_notified_until_a_poller_sleeps(db, recorder):
     assert settled(db, recorder) == ["q", "q"]
 
 
-def test_a_queue_no_poller_has_spoken_for_is_notified(db, recorder):
-    """An older worker's queue, or one whose pollers never slept: every
-    enqueue notifies, as every enqueue did before pollers said when they sleep."""
+def test_a_queue_no_poller_sleeps_on_is_not_notified(db, recorder):
+    """No worker runs it, or none has gone idle yet: nobody to wake, and its
+    enqueues commit without the notify lock."""
     insert(db, "fresh", "fresh.N")
-    insert(db, "fresh", "fresh.N")
-    assert settled(db, recorder) == ["fresh", "fresh"]
+    db.exec("INSERT INTO jobs (queue, name) VALUES ('fresh', 'fresh.N')")
+    assert settled(db, recorder) == []
 
 
 def test_a_poller_cannot_sleep_while_an_enqueue_of_its_queue_is_in_flight(db, database_url):

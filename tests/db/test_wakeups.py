@@ -1,12 +1,14 @@
+import dataclasses
 import time
 import uuid
 
 import gevent
 import pytest
 from gevent.event import Event
-from tests_support import make_poller, run_python
+from tests_support import asleep, make_poller, run_python
 
 from lib.insert import insert
+from lib.run.runtime import Runtime
 from lib.store.wakeups import Listener
 
 
@@ -43,7 +45,11 @@ def _wait(predicate, timeout=10.0):
 def test_commit_from_another_process_wakes_the_poller_far_before_the_poll(db, database_url):
     """The poll interval is 60 s; a separate process's commit starts the job in well under that."""
     started = []
-    poller = make_poller("q", db, {"q.N": lambda job: started.append(time.time()) or "ok"}, poll_interval=60)
+    # A worker's runtime, whose idle pollers ask their queue's enqueues to wake them.
+    runtime = dataclasses.replace(Runtime.alone(db), listening=True)
+    poller = make_poller(
+        "q", db, {"q.N": lambda job: started.append(time.time()) or "ok"}, poll_interval=60, runtime=runtime
+    )
     listener = Listener(database_url, lambda queue: poller.wake(), poller.wake)
     stop = Event()
     greenlets = [gevent.spawn(listener.run, stop), gevent.spawn(poller.poll, stop)]
@@ -86,6 +92,7 @@ def test_set_based_enqueue_wakes_once(db, admin_db, listening):
     once (Postgres folds a transaction's identical notifications), but it calls
     pg_notify 500 times, so the calls are counted too."""
     _, recorder = listening
+    asleep(db, "bulk")
     with admin_db.transaction() as tx:
         # Counts this transaction's calls of PL/pgSQL functions, triggers included (an administrator's setting).
         tx.exec("SET LOCAL track_functions = 'pl'")
@@ -112,6 +119,7 @@ def test_a_one_job_insert_wakes_its_queue_itself_and_other_writers_still_run_the
     trigger over; the mark that lets it do so holds only inside its call, so
     a plain INSERT right after it in the same transaction runs the trigger."""
     _, recorder = listening
+    asleep(db, "one", "plain")
     with admin_db.transaction() as tx:
         tx.exec("SET LOCAL track_functions = 'pl'")
         insert(tx, "one", "one.N")
@@ -123,6 +131,7 @@ def test_a_one_job_insert_wakes_its_queue_itself_and_other_writers_still_run_the
 
 def test_a_duplicate_the_dedupe_index_suppressed_wakes_nobody(db, listening):
     _, recorder = listening
+    asleep(db, "dup")
     db.exec("INSERT INTO job_dedupe_names VALUES ('dup', 'dup.N')")
     assert insert(db, "dup", "dup.N", {"n": 1}) is not None
     assert _settled(db, recorder) == ["dup"]
@@ -132,6 +141,7 @@ def test_a_duplicate_the_dedupe_index_suppressed_wakes_nobody(db, listening):
 
 def test_a_finished_job_wakes_nobody_but_a_handover_does(db, listening):
     _, recorder = listening
+    asleep(db, "plain")
     db.exec("INSERT INTO jobs (queue, name) VALUES ('plain', 'plain.N'), ('plain', 'plain.N')")
     _wait(lambda: recorder.woken == ["plain"])
     poller = make_poller("plain", db, {"plain.N": lambda job: "ok"})
@@ -145,30 +155,36 @@ def test_a_finished_job_wakes_nobody_but_a_handover_does(db, listening):
     _wait(lambda: recorder.woken == ["plain", "plain"])
 
 
-def test_a_retry_and_a_rescue_wake_the_queue(db, listening):
+def test_a_row_back_to_pending_wakes_a_sleeping_queue_and_a_rescue_any(db, listening):
+    """A row back to pending (a retry, a redrive) wakes its queue when a poller
+    of it sleeps: the poller whose job is retried is awake, and finds the
+    retry when it is due. A rescue wakes the queue whatever: the lost worker
+    held a slot of it."""
     _, recorder = listening
     from lib.background.leases import Leases
 
     def boom(job):
         raise RuntimeError("again")
 
-    insert(db, "r", "r.N", max_attempts=2)
+    asleep(db, "r")
+    job_id = insert(db, "r", "r.N", max_attempts=3)
     _wait(lambda: recorder.woken == ["r"])
-    make_poller("r", db, {"r.N": boom}).work_once()  # back to pending for a retry
+    make_poller("r", db, {"r.N": boom}).work_once()  # claimed (the queue awake), back to pending for a retry
+    assert _settled(db, recorder) == ["r"]
+    asleep(db, "r")
+    db.exec("UPDATE jobs SET status = 'err: boom', finished_at = now() WHERE id = %s", (job_id,))
+    db.exec("UPDATE jobs SET status = 'pending', finished_at = NULL WHERE id = %s", (job_id,))  # redriven
     _wait(lambda: recorder.woken == ["r", "r"])
-    insert(db, "s", "s.N")
-    # The insert's wake must be in before the rescue's: the listener wakes a
-    # queue once for all the notifications it reads at once (a wake is a wake),
-    # so two that arrive together count as one.
-    _wait(lambda: recorder.woken == ["r", "r", "s"])
+    insert(db, "s", "s.N")  # no poller of s sleeps: no wakeup
     make_poller("s", db, {"s.N": lambda job: "ok"}).claim()
     db.exec("UPDATE jobs SET lease_until = now() - interval '1 second' WHERE queue = 's'")
     Leases(db).rescue()
-    _wait(lambda: recorder.woken == ["r", "r", "s", "s"])
+    _wait(lambda: recorder.woken == ["r", "r", "s"])
 
 
 def test_rows_that_stay_unwoken_do_not_notify(db, listening):
     _, recorder = listening
+    asleep(db, "x")
     job_id = insert(db, "x", "x.N")
     _wait(lambda: recorder.woken == ["x"])
     db.exec("UPDATE jobs SET priority = 5 WHERE id = %s", (job_id,))
@@ -183,6 +199,7 @@ def test_listener_recovers_after_its_connection_is_killed(db, listening, databas
         "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
         "WHERE application_name = 'jobs-listener' AND datname = current_database()"
     )
+    asleep(db, "deaf", "after")
     insert(db, "deaf", "deaf.N")  # enqueued while nobody listens
     # On reconnecting it wakes every poller, so the row written while deaf is worked.
     _wait(lambda: recorder.all == 2)
@@ -212,7 +229,8 @@ def test_listener_recovers_after_a_database_restart():
             server.restart(down_seconds=1.0)
             # Woken all once more: it has connected again.
             _wait(lambda: recorder.all == 2, timeout=60)
-            insert(db, "back", "back.N")  # the pool drops its dead connections by itself
+            asleep(db, "back")  # the pool drops its dead connections by itself
+            insert(db, "back", "back.N")
             _wait(lambda: "back" in recorder.woken)
         finally:
             stop.set()
