@@ -31,7 +31,7 @@ wal AS (
 )
 SELECT
   (SELECT coalesce(jsonb_agg(jsonb_build_object(
-            'kind', CASE WHEN t.backend_type = 'walsender' THEN 'standby' ELSE 'transaction' END,
+            'kind', coalesce((SELECT 'standby' WHERE t.backend_type = 'walsender'), 'transaction'),
             'pid', t.pid, 'role', t.usename, 'application', t.application_name, 'state', t.state,
             'query', CASE WHEN t.query <> '<insufficient privilege>'
                           THEN left(split_part(btrim(t.query, E' \t\r\n'), E'\n', 1), 200) END,

@@ -79,6 +79,10 @@ class Poller:
         # A fault of the claim that is not a lost connection, once per run.
         self.claim_fault = Outage(f"queue={name} claim")
         self._wakeups = [Event() for _ in range(concurrency)]
+        # A slot of this poller asked the queue's enqueues to wake it
+        # (jobs_sleep), and none has claimed since: the others, and its own
+        # fallback polls, need not ask again.
+        self._marked = False
         # The stages, in the order a job goes through them.
         self.claimer = Claimer(name, db, self.completer, self.leases, max_attempts=queue.max_attempts)
         budgets = (
@@ -147,8 +151,14 @@ class Poller:
                 retry.succeeded()
             if found.job is None:
                 wait = found.wait
-                if self.runtime.listening and not asked and (wait is None or wait > ASK_TO_SLEEP_AFTER):
+                if (
+                    self.runtime.listening
+                    and not asked
+                    and not self._marked
+                    and (wait is None or wait > ASK_TO_SLEEP_AFTER)
+                ):
                     said = self.claimer.sleep()
+                    self._marked = said == "asleep"
                     if said != "asleep":
                         asked = said == "due"
                         if said == "enqueuing":
@@ -166,6 +176,7 @@ class Poller:
                 gevent.wait([stop, wakeup], timeout=timeout, count=1)
                 found = None
                 continue
+            self._marked = False  # a claim of the queue clears the mark (sql/rules/step.sql)
             found = self.work(found.job, slot=slot, stop=stop, wakeup=wakeup).found
 
     def work_once(self, job: PendingJob | None = None, *, slot: int = 0, stop: Event | None = None) -> str | None:

@@ -3,6 +3,7 @@ clock runs ten minutes ahead (faketime): each minute of the database's clock
 the shared entry fires once, and each worker's own entry fires at the
 database's minute, never ten minutes early."""
 
+import glob
 import os
 import subprocess
 import sys
@@ -16,22 +17,26 @@ from tests_support import ROOT, wait_for
 from lib.background.clock import Scheduled, every
 from lib.store.db import DB
 
-FAKETIME = require("/usr/bin/faketime", "faketime")
+require("/usr/bin/faketime", "faketime")  # the package, whose library is preloaded below
 CLOCK_WORKER = ROOT / "tests" / "apps" / "clock_worker.py"
 AHEAD = timedelta(minutes=10)
 MINUTE = timedelta(minutes=1)
+# libfaketime preloaded into the worker itself, not the faketime command,
+# which runs its program as a child and leaves it running when it is killed.
 # Only the wall clock is off, as on a host whose time is wrong: the monotonic
 # clock a process measures intervals by is not a time of day.
-SKEWED = [FAKETIME, "--exclude-monotonic", "-f", "+10m"]
+LIBFAKETIME = next(iter(sorted(glob.glob("/usr/lib/*/faketime/libfaketimeMT.so.1"))), None)
+SKEWED = {"LD_PRELOAD": LIBFAKETIME or "", "FAKETIME": "+10m", "DONT_FAKE_MONOTONIC": "1"}
 
 
-def start(database_url: str, name: str, log: Path, prefix: list[str]) -> subprocess.Popen:
+def start(database_url: str, name: str, log: Path, skew: dict[str, str]) -> subprocess.Popen:
     with open(log, "w") as out:
         return subprocess.Popen(
-            [*prefix, sys.executable, str(CLOCK_WORKER)],
+            [sys.executable, str(CLOCK_WORKER)],
             cwd=ROOT,
             env={
                 **os.environ,
+                **skew,
                 "DATABASE_URL": database_url,
                 "CLOCK_WORKER": name,
                 "LOG_LEVEL": "INFO",
@@ -70,7 +75,8 @@ def ticks_db(db: DB) -> DB:
 def test_a_worker_whose_host_clock_runs_ahead_fires_at_the_databases_minutes(ticks_db, database_url, tmp_path):
     db = ticks_db
     logs = {name: tmp_path / f"{name}.log" for name in ("right", "ahead")}
-    procs = [start(database_url, "right", logs["right"], []), start(database_url, "ahead", logs["ahead"], SKEWED)]
+    assert LIBFAKETIME, "the faketime package is installed, but not its library"
+    procs = [start(database_url, "right", logs["right"], {}), start(database_url, "ahead", logs["ahead"], SKEWED)]
     try:
         up = {
             name: wait_for(lambda log=log: started_at(log), 60, 0.2, f"{name} to start") for name, log in logs.items()
@@ -88,6 +94,7 @@ def test_a_worker_whose_host_clock_runs_ahead_fires_at_the_databases_minutes(tic
             p.terminate()
         for p in procs:
             p.wait(timeout=30)
+        assert all(p.returncode is not None for p in procs)
     now = db_now(db)
     for by in ("all", "right", "ahead"):
         got = fired(db, by)
