@@ -406,7 +406,6 @@ def run(
         committer,
         outage=outage,
         poll_interval=settings.queue_poll_interval(listening=listen_url is not None),
-        listening=listen_url is not None,
     )
     pollers = [Poller(q, db, runtime) for q in queues]
     slots = sum(p.concurrency for p in pollers)

@@ -66,10 +66,6 @@ WHERE id = %(id)s AND worker_id = %(worker_id)s AND attempts = %(attempts)s AND 
 -- Whether a new transaction of this session may write: false while the database is read-only (or a standby).
 SELECT current_setting('transaction_read_only') = 'off'
 
--- name: queue_sleep
--- A poller of the queue goes to sleep: enqueues notify from now on ('asleep'), unless a job is due ('due') or an enqueue is in flight ('enqueuing'): jobs_sleep.
-SELECT jobs_sleep(%(queue)s)
-
 -- name: queue_notify
 -- Tell every worker's pollers of a queue to look now (its slot was freed, say).
 SELECT pg_notify('jobs', %(queue)s)

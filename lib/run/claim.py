@@ -16,7 +16,7 @@ from lib.job import status as st
 from lib.run.completer import Completer
 from lib.setup.errors import capture
 from lib.store.db import DB
-from lib.store.errors import is_data_error, is_database_error, is_server_error, is_unique_violation
+from lib.store.errors import is_data_error, is_server_error, is_unique_violation
 from lib.store.sql import Q
 
 log = logging.getLogger("jobs")
@@ -89,20 +89,6 @@ class Claimer:
                         return ClaimResult(mine)
                 raise
             return claimed(row)
-
-    def sleep(self) -> str:
-        """Ask the queue's enqueues to wake this poller, as it goes to sleep
-        (jobs_sleep, sql/rules/wakeups.sql): 'asleep', 'due' (a job is due
-        after all: claim it) or 'enqueuing' (an enqueue is in flight: look
-        again shortly). The database's fault is 'asleep': the claim meets
-        and reports it, and the fallback poll stands meanwhile."""
-        try:
-            row = self.db.query_row(Q.queue_sleep, {"queue": self.queue})
-        except Exception as exc:
-            if not is_database_error(exc):
-                raise
-            return "asleep"
-        return row[0] if row else "asleep"
 
     def lost(self, slot: int, exc: BaseException) -> PendingJob | None:
         """A write that carried this slot's claim got no answer: the job it

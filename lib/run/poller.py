@@ -38,12 +38,6 @@ MAX_THROTTLE = 86400.0
 # its name: its next claim would take the same head row again at once.
 LEFT_FOR_ANOTHER_PAUSE = 2.0
 FENCED = "queue=%s job=%s id=%d stopped: its lease was lost; no outcome written, a rescue takes it over"
-# A poller that will look at its queue again within this many seconds does
-# not ask its enqueues to wake it (jobs_sleep): it is not going to sleep.
-ASK_TO_SLEEP_AFTER = 1.0
-# The waits of a poller that cannot go to sleep while an enqueue is in flight.
-ENQUEUING_BASE = 0.05
-ENQUEUING_CAP = 1.0
 
 
 class Worked(NamedTuple):
@@ -79,10 +73,6 @@ class Poller:
         # A fault of the claim that is not a lost connection, once per run.
         self.claim_fault = Outage(f"queue={name} claim")
         self._wakeups = [Event() for _ in range(concurrency)]
-        # A slot of this poller asked the queue's enqueues to wake it
-        # (jobs_sleep), and none has claimed since: the others, and its own
-        # fallback polls, need not ask again.
-        self._marked = False
         # The stages, in the order a job goes through them.
         self.claimer = Claimer(name, db, self.completer, self.leases, max_attempts=queue.max_attempts)
         budgets = (
@@ -123,12 +113,6 @@ class Poller:
     def run_slot(self, stop: Event, slot: int) -> None:
         wakeup = self._wakeups[slot]
         retry = Backoff(cap=self.poll_interval)
-        # While an enqueue of the queue is in flight, a poller cannot go to
-        # sleep (its commit may not wake it): it looks again after these waits.
-        enqueuing = Backoff(base=ENQUEUING_BASE, cap=ENQUEUING_CAP)
-        # The last try at sleep found a job due: the claim that follows waits
-        # as it finds, without asking again (its slot may be taken, its queue gated).
-        asked = False
         # What the last outcome's write found when it looked for the next job:
         # that job, or None and how long until the queue may have work.
         found: ClaimResult | None = None
@@ -150,33 +134,16 @@ class Poller:
                 self.claim_fault.recovered()
                 retry.succeeded()
             if found.job is None:
-                wait = found.wait
-                if (
-                    self.runtime.listening
-                    and not asked
-                    and not self._marked
-                    and (wait is None or wait > ASK_TO_SLEEP_AFTER)
-                ):
-                    said = self.claimer.sleep()
-                    self._marked = said == "asleep"
-                    if said != "asleep":
-                        asked = said == "due"
-                        if said == "enqueuing":
-                            gevent.wait([stop, wakeup], timeout=enqueuing.failed(), count=1)
-                        found = None
-                        continue
-                asked = False
-                enqueuing.succeeded()
                 # The queue's next delayed row, or the end of its pause or
                 # throttle, when that comes before the fallback poll. The
                 # fallback polls of all queues fall on the same instants, so
                 # an idle worker's go to the server as one batch.
+                wait = found.wait
                 fallback = self.poll_interval - time.monotonic() % self.poll_interval
                 timeout = fallback if wait is None or wait <= 0 else min(wait, fallback)
                 gevent.wait([stop, wakeup], timeout=timeout, count=1)
                 found = None
                 continue
-            self._marked = False  # a claim of the queue clears the mark (sql/rules/step.sql)
             found = self.work(found.job, slot=slot, stop=stop, wakeup=wakeup).found
 
     def work_once(self, job: PendingJob | None = None, *, slot: int = 0, stop: Event | None = None) -> str | None:

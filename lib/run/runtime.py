@@ -27,9 +27,6 @@ class Runtime:
     # The longest a poller sleeps between looks at its queue: shorter when no
     # LISTEN wakes it.
     poll_interval: float | None = None
-    # Whether a LISTEN connection wakes the pollers: only then does a poller
-    # going to sleep ask its queue's enqueues to notify (sql/rules/wakeups.sql).
-    listening: bool = False
 
     @classmethod
     def alone(

@@ -100,48 +100,48 @@ $$;
 -- there is no such claim (none yet, or one of a job asked for by id) or the
 -- queue has keyed jobs waiting, which claims pass over.
 --
--- Each part reads one index in order and stops at n rows; OFFSET 0 keeps the
--- planner from reading the rows made pending since through jobs_claim's dead
--- prefix. The asked id's test is coalesce(j.id = asked, true), estimated at
--- half the rows, so that the ordered read of jobs_claim that stops at n rows
--- is the cheaper plan whatever the table's statistics say.
+-- Each part is a range of one index (the cursor's parts come in laterally,
+-- so that they bound the range), the read on from it stopping at n rows. The
+-- asked id's test is coalesce(j.id = asked, true), estimated at half the
+-- rows, so that the ordered read of jobs_claim that stops at n rows is the
+-- cheaper plan whatever the table's statistics say.
 CREATE OR REPLACE FUNCTION jobs_due(q text, asked bigint, n int) RETURNS TABLE (id bigint, priority int, run_at timestamptz)
 LANGUAGE sql STABLE AS $$
   WITH cursor AS MATERIALIZED (
-    SELECT -c.priority AS p, c.claim_run_at AS r, c.id AS i, c.claim_snapshot AS s, c.started_at AS t
-    FROM (SELECT l.priority, l.claim_run_at, l.id, l.claim_snapshot, l.started_at FROM jobs l
-          WHERE l.queue = q AND l.claim_seq IS NOT NULL ORDER BY l.claim_seq DESC LIMIT 1) c
-    WHERE asked IS NULL AND c.claim_snapshot IS NOT NULL
-      AND NOT EXISTS (SELECT FROM jobs k WHERE k.queue = q AND k.status = 'pending' AND k.key IS NOT NULL)
+    -- The newest claim's place in the order, or the order's start.
+    SELECT coalesce(l.p, -2147483647) AS p, coalesce(l.r, '-infinity') AS r, coalesce(l.i, 0) AS i, l.s, l.t
+    FROM (VALUES (1)) one
+    LEFT JOIN LATERAL (
+      SELECT -c.priority AS p, c.claim_run_at AS r, c.id AS i, c.claim_snapshot AS s, c.started_at AS t
+      FROM jobs c WHERE c.queue = q AND c.claim_seq IS NOT NULL ORDER BY c.claim_seq DESC LIMIT 1
+    ) l ON asked IS NULL AND l.s IS NOT NULL
+       AND NOT EXISTS (SELECT FROM jobs k WHERE k.queue = q AND k.status = 'pending' AND k.key IS NOT NULL)
   )
-  SELECT u.id, u.priority, u.run_at FROM (
-    (SELECT j.id, j.priority, j.run_at FROM jobs j
-     WHERE NOT EXISTS (SELECT FROM cursor)
-       AND j.queue = q AND j.status = 'pending' AND j.run_at <= now()
+  SELECT u.id, u.priority, u.run_at FROM cursor, LATERAL (
+    (SELECT j.id, j.priority, j.run_at FROM jobs j  -- on from there
+     WHERE j.queue = q AND j.status = 'pending' AND j.run_at <= now()
+       AND (-j.priority, j.run_at, j.id) > (cursor.p, cursor.r, cursor.i)
        AND coalesce(j.id = asked, true)
        AND (j.key IS NULL OR jobs_key_turn(q, j.key, j.priority, j.run_at, j.id))
      ORDER BY -j.priority, j.run_at, j.id LIMIT n)
     UNION ALL
-    -- On from the cursor; its parts as scalars, so that the read is a range of jobs_claim.
-    (SELECT j.id, j.priority, j.run_at FROM jobs j
-     WHERE j.queue = q AND j.status = 'pending' AND j.run_at <= now()
-       AND (-j.priority, j.run_at, j.id) > ((SELECT p FROM cursor), (SELECT r FROM cursor), (SELECT i FROM cursor))
-     ORDER BY -j.priority, j.run_at, j.id LIMIT n)
+    -- Before it (the newest claim's own job too: it may be pending again, a
+    -- retry or a rescue), in three parts that share no row:
+    (SELECT k.id, k.priority, k.run_at FROM jobs k  -- not due at that claim
+     WHERE cursor.s IS NOT NULL AND k.queue = q AND k.status = 'pending'
+       AND k.run_at > cursor.t AND k.run_at <= now() AND (-k.priority, k.run_at, k.id) <= (cursor.p, cursor.r, cursor.i))
     UNION ALL
-    (SELECT j.id, j.priority, j.run_at FROM (
-       SELECT k.id, k.priority, k.run_at FROM jobs k  -- not due at the cursor's claim
-       WHERE k.queue = q AND k.status = 'pending' AND k.run_at > (SELECT t FROM cursor) AND k.run_at <= now()
-       UNION
-       SELECT k.id, k.priority, k.run_at FROM jobs k  -- made pending since its snapshot
-       WHERE k.queue = q AND k.status = 'pending' AND k.pending_xid >= (SELECT pg_snapshot_xmax(s) FROM cursor)
-       UNION
-       SELECT k.id, k.priority, k.run_at FROM (SELECT pg_snapshot_xip(s) AS xid FROM cursor) x
-       CROSS JOIN LATERAL (SELECT k.id, k.priority, k.run_at FROM jobs k  -- by its transactions in flight
-                           WHERE k.queue = q AND k.status = 'pending' AND k.pending_xid = x.xid OFFSET 0) k
-       OFFSET 0) j
-     -- The cursor's own job too: it may be pending again (a retry, a rescue).
-     WHERE (-j.priority, j.run_at, j.id) <= ((SELECT p FROM cursor), (SELECT r FROM cursor), (SELECT i FROM cursor))
-       AND j.run_at <= now())
+    (SELECT k.id, k.priority, k.run_at  -- made pending since its snapshot
+     FROM (SELECT k.id, k.priority, k.run_at FROM jobs k
+           WHERE cursor.s IS NOT NULL AND k.queue = q AND k.status = 'pending'
+             AND k.pending_xid >= pg_snapshot_xmax(cursor.s)
+           OFFSET 0) k  -- read through jobs_pending_xid, never jobs_claim's dead prefix
+     WHERE k.run_at <= cursor.t AND (-k.priority, k.run_at, k.id) <= (cursor.p, cursor.r, cursor.i))
+    UNION ALL
+    (SELECT k.id, k.priority, k.run_at FROM pg_snapshot_xip(cursor.s) x(xid)  -- by its transactions in flight
+     JOIN LATERAL (SELECT k.id, k.priority, k.run_at FROM jobs k
+                   WHERE k.queue = q AND k.status = 'pending' AND k.pending_xid = x.xid OFFSET 0) k
+       ON k.run_at <= cursor.t AND (-k.priority, k.run_at, k.id) <= (cursor.p, cursor.r, cursor.i))
   ) u
   ORDER BY -u.priority, u.run_at, u.id
   LIMIT n

@@ -30,6 +30,10 @@
 --
 -- Both run on generic plans (plan_cache_mode): left to choose, Postgres plans
 -- their statements afresh on every call, which costs more than running them.
+-- And without JIT, whatever the session says (a worker behind a pooler cannot
+-- turn it off for its sessions): the plans' estimates grow with the rows the
+-- table keeps, not with the few each statement reads, and past jit_above_cost
+-- compiling them would cost each call far more than running them.
 
 -- One ask, each field a plain value (a NULL o_id sends no outcome; a NULL
 -- c_queue, no claim): what an idle or serial worker sends on every job, so
@@ -49,7 +53,7 @@ CREATE OR REPLACE FUNCTION jobs_step_one(
   c_queue text, c_slot int, c_worker text, c_lease float8, c_max_attempts int, c_id bigint
 ) RETURNS TABLE (queue text, worker_id text, id bigint, name text, args text, attempts int, max_attempts int,
                  callsite text, latency float8, wait float8, slot int)
-LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
   done_queue text;
@@ -132,7 +136,9 @@ BEGIN
   IF rate_key IS NOT NULL THEN
     SELECT d.id, pg_current_snapshot() INTO head, seen FROM jobs_due(c_queue, c_id, 1) d;
     IF head IS NULL THEN
-      SELECT nd.wait INTO wait FROM jobs_next_due_wait(c_queue) nd;
+      -- Nothing due: the poller sleeps, and asks the queue's enqueues to wake it.
+      SELECT CASE WHEN c_id IS NULL THEN jobs_asleep_wait(c_queue, nd.wait) ELSE nd.wait END
+      INTO wait FROM jobs_next_due_wait(c_queue) nd;
       RETURN NEXT;
       RETURN;
     END IF;
@@ -180,7 +186,9 @@ BEGIN
     SELECT d.id INTO head FROM jobs_due(c_queue, c_id, 1) d;
   END IF;
   IF head IS NULL THEN
-    SELECT nd.wait INTO wait FROM jobs_next_due_wait(c_queue) nd;
+    -- Nothing due: the poller sleeps, and asks the queue's enqueues to wake it.
+    SELECT CASE WHEN c_id IS NULL THEN jobs_asleep_wait(c_queue, nd.wait) ELSE nd.wait END
+    INTO wait FROM jobs_next_due_wait(c_queue) nd;
   ELSE
     wait := 0.05;
   END IF;
@@ -208,7 +216,7 @@ CREATE OR REPLACE FUNCTION jobs_step(
   c_queues text[], c_slots int[], c_workers text[], c_leases float8[], c_max_attempts int[], c_ids bigint[]
 ) RETURNS TABLE (queue text, worker_id text, id bigint, name text, args text, attempts int, max_attempts int,
                  callsite text, latency float8, wait float8, slot int)
-LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
   throttled text;
@@ -394,7 +402,9 @@ BEGIN
            WHEN g.gate > now() THEN jobs_gate_wait(g.gate)
            WHEN g.free IS NULL THEN NULL::float8  -- every slot asked for is taken
            WHEN EXISTS (SELECT 1 FROM heads h WHERE h.q = g.q AND h.w = g.w) THEN 0.05::float8  -- its head is held
-           ELSE (SELECT nd.wait FROM jobs_next_due_wait(g.q) nd)
+           -- Nothing due: the poller sleeps, and asks the queue's enqueues to wake it.
+           ELSE (SELECT CASE WHEN g.i IS NULL THEN jobs_asleep_wait(g.q, nd.wait) ELSE nd.wait END
+                 FROM jobs_next_due_wait(g.q) nd)
          END,
          NULL::int
   FROM grp g

@@ -5,8 +5,9 @@
 -- application's enqueuing transactions commit one at a time. A busy queue's
 -- pollers look for their next job as they write each outcome, and need none.
 --
--- job_queues.wake_wanted says a poller sleeps: set by the poller as it goes to
--- sleep (jobs_sleep), cleared by the next claim of the queue (step.sql). An
+-- job_queues.wake_wanted says a poller sleeps: set as a claim of the queue
+-- finds nothing due (jobs_sleep, from the step), cleared by the next claim
+-- that takes a job (step.sql). An
 -- enqueue reads it under a lock shared by every enqueue of the queue and
 -- held until its commit; a poller sets it only when it has that lock alone,
 -- so no enqueue that read it unset is still uncommitted, and a due job that
@@ -31,9 +32,10 @@ END $$;
 -- poller looked): the poller claims instead; 'enqueuing' when an enqueue of q
 -- is in flight (it may have read the mark unset): the poller looks again
 -- shortly. Its one write waits for no one (lock_timeout): a queue's row held
--- a moment (a claim clearing the mark, a pause) is 'enqueuing' too.
+-- a moment (a claim clearing the mark, a pause) is 'enqueuing' too. No JIT, as
+-- for the step (step.sql).
 CREATE OR REPLACE FUNCTION jobs_sleep(q text) RETURNS text
-LANGUAGE plpgsql SET lock_timeout = '100ms' AS $$
+LANGUAGE plpgsql SET lock_timeout = '100ms' SET jit = off AS $$
 BEGIN
   IF NOT pg_try_advisory_xact_lock(1785684596, hashtext(q)) THEN
     RETURN 'enqueuing';
@@ -46,6 +48,18 @@ BEGIN
   RETURN 'asleep';
 EXCEPTION WHEN lock_not_available THEN
   RETURN 'enqueuing';
+END $$;
+
+-- How long a poller of queue q whose claim found nothing due waits: wait (the
+-- next delayed job's, or NULL: none known) once the queue's enqueues are
+-- asked to wake it (jobs_sleep); a moment when a job is due after all; half
+-- a second while an enqueue of q is in flight, whose commit wakes nobody.
+-- The step (step.sql) asks it, so a poller goes to sleep with no round trip
+-- of its own.
+CREATE OR REPLACE FUNCTION jobs_asleep_wait(q text, wait float8) RETURNS float8
+LANGUAGE plpgsql AS $$
+BEGIN
+  RETURN CASE jobs_sleep(q) WHEN 'asleep' THEN wait WHEN 'due' THEN 0.05 ELSE 0.5 END;
 END $$;
 
 -- A row back to pending (a retry, a rescue, a redrive) is work. A row leaving

@@ -4,7 +4,6 @@ notify lock, an idle queue still wakes at once, and no interleaving of a
 poller falling asleep with an enqueue committing leaves a job waiting for the
 fallback poll."""
 
-import dataclasses
 import time
 import uuid
 
@@ -15,7 +14,6 @@ from gevent.event import Event
 from tests_support import make_poller, wait_for
 
 from lib.insert import insert
-from lib.run.runtime import Runtime
 from lib.store.wakeups import Listener
 
 
@@ -49,22 +47,18 @@ def settled(db, recorder: Recorder) -> list[str]:
     return recorder.woken
 
 
-def listening_runtime(db) -> Runtime:
-    return dataclasses.replace(Runtime.alone(db), listening=True)
-
-
 def test_a_claimed_queue_is_not_notified_until_a_poller_sleeps(db, recorder):
-    poller = make_poller("q", db, {"q.N": lambda job: "ok"}, runtime=listening_runtime(db))
-    assert poller.claimer.sleep() == "asleep"
+    poller = make_poller("q", db, {"q.N": lambda job: "ok"})
+    assert poller.claim() is None  # nothing due: the poller goes to sleep
     insert(db, "q", "q.N")  # a poller sleeps: notified
     assert settled(db, recorder) == ["q"]
     assert poller.work_once() == "ok"  # the claim says the queue is awake
     insert(db, "q", "q.N")
     insert(db, "q", "q.N")
     assert settled(db, recorder) == ["q"], "a queue whose poller is awake was notified"
-    assert poller.claimer.sleep() == "due"  # it cannot sleep with jobs due
+    assert db.query_row("SELECT jobs_sleep('q')") == ("due",)  # no sleep with jobs due
     assert poller.work_once() == "ok" and poller.work_once() == "ok"
-    assert poller.claimer.sleep() == "asleep"
+    assert poller.claim() is None
     insert(db, "q", "q.N")
     assert settled(db, recorder) == ["q", "q"]
 
@@ -78,14 +72,17 @@ def test_a_queue_no_poller_sleeps_on_is_not_notified(db, recorder):
 
 
 def test_a_poller_cannot_sleep_while_an_enqueue_of_its_queue_is_in_flight(db, database_url):
-    poller = make_poller("q", db, {"q.N": lambda job: "ok"}, runtime=listening_runtime(db))
+    poller = make_poller("q", db, {"q.N": lambda job: "ok"})
     app = psycopg2.connect(database_url)
     try:
         with app.cursor() as cur:
             insert(cur, "q", "q.N")  # uncommitted
-            assert poller.claimer.sleep() == "enqueuing"
+            assert db.query_row("SELECT jobs_sleep('q')") == ("enqueuing",)
+            found = poller.claimer.claim(None, 0)
+            assert found.job is None and found.wait == 0.5  # it looks again in half a second
         app.commit()
-        assert poller.claimer.sleep() == "due"
+        assert db.query_row("SELECT jobs_sleep('q')") == ("due",)
+        assert poller.work_once() == "ok"
     finally:
         app.close()
 
@@ -105,8 +102,7 @@ def test_a_job_committed_as_its_poller_falls_asleep_starts_at_once(db, database_
             release.wait(20)
         return "ok"
 
-    runtime = listening_runtime(db)
-    poller = make_poller("q", db, {"q.N": handler}, poll_interval=120, runtime=runtime)
+    poller = make_poller("q", db, {"q.N": handler}, poll_interval=120)
     listener = Listener(database_url, lambda queue: poller.wake(), poller.wake)
     stop = Event()
     parts = [gevent.spawn(listener.run, stop), gevent.spawn(poller.poll, stop)]

@@ -1,4 +1,3 @@
-import dataclasses
 import time
 import uuid
 
@@ -8,7 +7,6 @@ from gevent.event import Event
 from tests_support import asleep, make_poller, run_python
 
 from lib.insert import insert
-from lib.run.runtime import Runtime
 from lib.store.wakeups import Listener
 
 
@@ -45,11 +43,7 @@ def _wait(predicate, timeout=10.0):
 def test_commit_from_another_process_wakes_the_poller_far_before_the_poll(db, database_url):
     """The poll interval is 60 s; a separate process's commit starts the job in well under that."""
     started = []
-    # A worker's runtime, whose idle pollers ask their queue's enqueues to wake them.
-    runtime = dataclasses.replace(Runtime.alone(db), listening=True)
-    poller = make_poller(
-        "q", db, {"q.N": lambda job: started.append(time.time()) or "ok"}, poll_interval=60, runtime=runtime
-    )
+    poller = make_poller("q", db, {"q.N": lambda job: started.append(time.time()) or "ok"}, poll_interval=60)
     listener = Listener(database_url, lambda queue: poller.wake(), poller.wake)
     stop = Event()
     greenlets = [gevent.spawn(listener.run, stop), gevent.spawn(poller.poll, stop)]
