@@ -98,7 +98,10 @@ $$;
 -- see, read through jobs_pending_xid) or was not due then (run_at after that
 -- claim's now(), read through jobs_pending_due). The whole order is read when
 -- there is no such claim (none yet, or one of a job asked for by id) or the
--- queue has keyed jobs waiting, which claims pass over.
+-- queue has keyed jobs waiting, which claims pass over. A claim whose job
+-- was given back or redriven since has lost its moment (started_at is
+-- cleared), so the one before it serves: every claim's place holds as a
+-- cursor, and the job given back was made pending since.
 --
 -- Each part is a range of one index (the cursor's parts come in laterally,
 -- so that they bound the range), the read on from it stopping at n rows. The
@@ -113,7 +116,8 @@ LANGUAGE sql STABLE AS $$
     FROM (VALUES (1)) one
     LEFT JOIN LATERAL (
       SELECT -c.priority AS p, c.claim_run_at AS r, c.id AS i, c.claim_snapshot AS s, c.started_at AS t
-      FROM jobs c WHERE c.queue = q AND c.claim_seq IS NOT NULL ORDER BY c.claim_seq DESC LIMIT 1
+      FROM jobs c WHERE c.queue = q AND c.claim_seq IS NOT NULL AND c.started_at IS NOT NULL
+      ORDER BY c.claim_seq DESC LIMIT 1
     ) l ON asked IS NULL AND l.s IS NOT NULL
        AND NOT EXISTS (SELECT FROM jobs k WHERE k.queue = q AND k.status = 'pending' AND k.key IS NOT NULL)
   )
