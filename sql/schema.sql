@@ -52,10 +52,12 @@ CREATE INDEX jobs_claim ON jobs (queue, (-priority), run_at, id) WHERE status = 
 -- The started rows, for the rescue and the counts.
 CREATE INDEX jobs_started ON jobs (queue, slot) WHERE status = 'started';
 -- Each queue's and each slot's newest claims, read newest first (jobs_due,
--- jobs_slot_holder); and the rows made pending since a snapshot.
+-- jobs_slot_holder); and the rows made pending since a snapshot, for the
+-- reads that compare pending_xid only (every row has one: the predicate keeps
+-- a read of a queue's pending rows by other columns off this index).
 CREATE INDEX jobs_claims ON jobs (queue, claim_seq DESC) WHERE claim_seq IS NOT NULL;
 CREATE INDEX jobs_slot_claims ON jobs (queue, claim_slot, claim_seq DESC) WHERE claim_seq IS NOT NULL;
-CREATE INDEX jobs_pending_xid ON jobs (queue, pending_xid) WHERE status = 'pending';
+CREATE INDEX jobs_pending_xid ON jobs (queue, pending_xid) WHERE status = 'pending' AND pending_xid IS NOT NULL;
 -- Retention deletes finished rows by age without reading live ones.
 CREATE INDEX jobs_finished ON jobs (finished_at) WHERE status NOT IN ('pending', 'started');
 -- While a row of a dedupe name is live, no second copy (hashed: args of any size fit).

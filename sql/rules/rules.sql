@@ -131,9 +131,12 @@ LANGUAGE sql STABLE AS $$
     UNION ALL
     -- Before it (the newest claim's own job too: it may be pending again, a
     -- retry or a rescue), in three parts that share no row:
-    (SELECT k.id, k.priority, k.run_at FROM jobs k  -- not due at that claim
-     WHERE cursor.s IS NOT NULL AND k.queue = q AND k.status = 'pending'
-       AND k.run_at > cursor.t AND k.run_at <= now() AND (-k.priority, k.run_at, k.id) <= (cursor.p, cursor.r, cursor.i))
+    (SELECT k.id, k.priority, k.run_at  -- not due at that claim
+     FROM (SELECT k.id, k.priority, k.run_at FROM jobs k
+           WHERE cursor.s IS NOT NULL AND k.queue = q AND k.status = 'pending'
+             AND k.run_at > cursor.t AND k.run_at <= now()
+           ORDER BY k.run_at OFFSET 0) k  -- jobs_pending_due: the one index in that order
+     WHERE (-k.priority, k.run_at, k.id) <= (cursor.p, cursor.r, cursor.i))
     UNION ALL
     (SELECT k.id, k.priority, k.run_at  -- made pending since its snapshot
      FROM (SELECT k.id, k.priority, k.run_at FROM jobs k

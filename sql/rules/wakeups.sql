@@ -7,9 +7,8 @@
 --
 -- job_queues.wake_wanted says a poller sleeps: set as a claim of the queue
 -- finds nothing due (jobs_sleep, from the step), cleared by the next claim
--- that takes a job (step.sql). An
--- enqueue reads it under a lock shared by every enqueue of the queue and
--- held until its commit; a poller sets it only when it has that lock alone,
+-- that takes a job (step.sql). An enqueue reads it under a lock shared by
+-- every enqueue of the queue and held until its commit; a poller sets it only when it has that lock alone,
 -- so no enqueue that read it unset is still uncommitted, and a due job that
 -- committed before is seen. Neither side ever waits on the other for more
 -- than a moment: a poller that cannot have the lock looks again shortly.
