@@ -10,14 +10,15 @@ kinds taking turns --rounds times (each round begun by the next kind), --rows
 rows each, medians:
   - a one-row UPDATE of a table of its own: what pgbench commits;
   - a plain INSERT into jobs with its insert trigger off: the row and its indexes;
-  - the same INSERT with the trigger on: the row and its NOTIFY;
-  - lib.insert: what an application calls.
+  - the same INSERT with the trigger on: the row and its NOTIFY, a poller of
+    the queue asleep (an enqueue notifies only then);
+  - lib.insert: what an application calls, to that sleeping queue.
 
 A start, another process's commit to the job claimed: this process enqueues
 --samples jobs through lib.insert, one a commit, 50-100 ms apart (as
 workload 4 does), and a child process that LISTENs, blocked in select() on
 its connection as an idle worker is, claims each job the moment its
-NOTIFY arrives and commits the claim; the two kinds of claim take turns, job
+NOTIFY arrives, commits the claim and goes back to sleep (jobs_sleep); the two kinds of claim take turns, job
 by job. Each time is the child's time.time() less the producer's right after
 its commit returned (one machine, one clock), p50 and p99:
   - the NOTIFY read: the wakeup alone;
@@ -88,14 +89,19 @@ def enqueue_rates(url: str, rows: int, rounds: int) -> dict[str, dict[str, Any]]
     def trigger(on: bool) -> None:
         cur.execute(f"ALTER TABLE jobs {'ENABLE' if on else 'DISABLE'} TRIGGER jobs_inserted")
 
+    def notified() -> None:
+        # An enqueue notifies only while a poller of its queue sleeps (sql/rules/wakeups.sql).
+        trigger(True)
+        cur.execute("SELECT jobs_sleep(%s)", (QUEUE,))
+
     def plain_insert() -> None:
         cur.execute(_INSERT, (QUEUE, JOB_NAME, json.dumps({"seq": next(seq)})))
 
     kinds: dict[str, tuple[Callable[[], None], Callable[[], None]]] = {
         "one-row UPDATE": (lambda: None, lambda: cur.execute("UPDATE floor_one SET n = n + 1 WHERE id = 1")),
         "INSERT into jobs, trigger off": (lambda: trigger(False), plain_insert),
-        "INSERT into jobs (its NOTIFY)": (lambda: trigger(True), plain_insert),
-        "lib.insert": (lambda: trigger(True), lambda: insert(conn, QUEUE, JOB_NAME, {"seq": next(seq)})),
+        "INSERT into jobs (its NOTIFY)": (notified, plain_insert),
+        "lib.insert": (notified, lambda: insert(conn, QUEUE, JOB_NAME, {"seq": next(seq)})),
     }
     found: dict[str, list[float]] = {kind: [] for kind in kinds}
     try:
@@ -127,6 +133,9 @@ def _claimer(url: str, samples: int, ready: Any, out: Any) -> None:
     step_sql, step_params = lone_step(
         Ask(None, {"queue": QUEUE, "slot": 0, "worker_id": "floor", "lease": 30.0, "max_attempts": 5, "id": None})
     )
+    # A poller that finds nothing due asks its queue's enqueues to wake it
+    # (jobs_sleep, sql/rules/wakeups.sql); an enqueue notifies only then.
+    cur.execute("SELECT jobs_sleep(%s)", (QUEUE,))
     seen = []
     ready.set()
     while len(seen) < samples:
@@ -147,6 +156,7 @@ def _claimer(url: str, samples: int, ready: Any, out: Any) -> None:
             job_id, args = row[2], row[4]
         claimed = time.time()
         cur.execute(_FINISH, (job_id,))
+        cur.execute("SELECT jobs_sleep(%s)", (QUEUE,))
         seen.append((json.loads(args)["seq"], kind, woke, claimed))
     out.send(seen)
     listener.close()

@@ -66,6 +66,10 @@ ALTER TABLE jobs VALIDATE CONSTRAINT jobs_upgrade_002_filled;
 CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS jobs_new_id ON jobs (new_id);
 
 -- step: the new columns take the old ones' names, in one transaction that holds the table for a moment
+-- A statement an application prepared that returns the id (pgx caches its
+-- statements) fails once on each connection after this, "cached plan must
+-- not change result type", and is prepared again: no change of the id's
+-- type can spare it that, and a 32-bit id runs out.
 LOCK TABLE jobs IN ACCESS EXCLUSIVE MODE;
 -- An index, constraint or statistics of an application's own on an old
 -- column would go with it unsaid: the upgrade stops instead, naming them.
