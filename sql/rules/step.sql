@@ -352,7 +352,7 @@ BEGIN
   locked AS (
     -- The heads looked up by key, one by one (an array of ids is estimated
     -- at a few): a join with heads, estimated from a long queue's backlog,
-    -- was planned as a scan of the whole table.
+    -- is planned as a scan of the whole table.
     SELECT j.id FROM jobs j
     WHERE j.id = ANY (ARRAY(SELECT heads.id FROM heads)) AND j.status = 'pending'
     FOR UPDATE SKIP LOCKED
