@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 import psycopg2
 import pytest
 import requests
-from factory import ago, later, make_job
+from factory import ago, later, make_job, make_jobs
 from http_support import serving
 from proxy import Proxy
 
@@ -347,12 +347,10 @@ def test_a_slow_count_spends_the_pages_budget_and_the_rest_are_estimated(db, mon
 
 
 def test_counts_past_the_budget_are_the_planners_estimates_of_the_filter(db, monkeypatch):
-    db.exec(
-        "INSERT INTO jobs (queue, name, args, status, attempts, max_attempts, finished_at)"
-        " SELECT CASE WHEN i % 4 = 0 THEN 'sms' ELSE 'mail' END, 'mail.Send', '{}',"
-        " CASE WHEN i % 50 = 0 THEN 'fail: bounced' ELSE 'ok' END, 1, 1, now()"
-        " FROM generate_series(1, 4000) AS i"
-    )
+    # Every fourth row sms, every fiftieth failed.
+    for status, rows in (("ok", [i for i in range(1, 4001) if i % 50]), ("fail: bounced", range(50, 4001, 50))):
+        queues = ["sms" if i % 4 == 0 else "mail" for i in rows]
+        make_jobs(db, len(queues), queues, "mail.Send", status=status, max_attempts=1)
     db.exec("ANALYZE jobs")
     monkeypatch.setattr(jobs, "PAGE_BUDGET_MS", 0)
     with admin_site(db) as base:
@@ -416,11 +414,8 @@ def test_the_args_search_and_its_counts_read_the_gin_index(db):
 
 
 def test_a_window_of_a_day_reads_the_block_ranges_of_its_time_a_wider_one_newest_first(db):
-    db.exec(
-        "INSERT INTO jobs (queue, name, args, status, attempts, max_attempts, created_at, finished_at)"
-        " SELECT 'mail', 'mail.Send', '{}', 'ok', 1, 1, t, t"
-        " FROM generate_series(now() - interval '10 days', now(), interval '30 seconds') AS t"
-    )
+    times = [ago(seconds=s) for s in range(10 * 86400, -1, -30)]  # oldest first, 30 seconds apart
+    make_jobs(db, len(times), "mail", "mail.Send", status="ok", max_attempts=1, created_at=times, finished_at=times)
     db.exec("ANALYZE jobs")
     now = datetime.now(UTC)
     narrow = jobs.Filters(
@@ -858,10 +853,7 @@ def test_a_bulk_preview_past_the_pages_budget_shows_the_estimate_and_the_action_
     """A count cut by the page's budget (here 1 ms, against 20,000 rows read
     through the heap for their name) gives way to the planner's estimate;
     the action reads the ids itself, as ever."""
-    db.exec(
-        "INSERT INTO jobs (queue, name, args, run_at) SELECT 'mail', 'mail.Send', '{}', now() + interval '1 hour'"
-        " FROM generate_series(1, 20000)"
-    )
+    make_jobs(db, 20000, "mail", "mail.Send", run_at=later(hours=1))
     db.exec("ANALYZE jobs")
     monkeypatch.setattr(jobs, "PAGE_BUDGET_MS", 1)
     with whole_site(db) as base:
@@ -886,12 +878,9 @@ def test_a_bulk_preview_past_the_pages_budget_shows_the_estimate_and_the_action_
 def test_the_queues_page_counts_a_backlog_up_to_its_share_of_the_rows(db, monkeypatch):
     """Past its share of PENDING_ROWS a queue's pending rows show as "N+", its
     due rows exactly while a scheduled row was read, the rest as at least."""
-    db.exec(
-        "INSERT INTO jobs (queue, name, args, run_at) SELECT 'mail', 'mail.Send', '{}',"
-        " CASE WHEN i <= 60 THEN now() - interval '1 minute' ELSE now() + interval '1 hour' END"
-        " FROM generate_series(1, 500) AS i"
-    )
-    db.exec("INSERT INTO jobs (queue, name, args) SELECT 'sms', 'sms.Send', '{}' FROM generate_series(1, 150)")
+    make_jobs(db, 60, "mail", "mail.Send", run_at=ago(minutes=1))
+    make_jobs(db, 440, "mail", "mail.Send", run_at=later(hours=1))
+    make_jobs(db, 150, "sms", "sms.Send")
     make_job(db, "sms", "sms.Send", run_at=later(hours=1))
     monkeypatch.setattr(lib.http.admin.queues, "PENDING_ROWS", 100)  # two queues: 100 each, the least share
     with whole_site(db) as base:

@@ -8,6 +8,7 @@ import re
 
 import psycopg2
 import pytest
+from factory import make_jobs
 from test_step_one import claim, outcome
 from tests_support import superuser_url
 
@@ -74,11 +75,7 @@ def test_no_step_of_a_batch_handles_more_than_a_few_rows_an_ask(
     table's statistics read (as autovacuum keeps them)."""
     names = [f"bp{n:02d}" for n in range(queues)]
     insert_many(db, [Job(q, "bp.N") for _ in range(pending) for q in names])
-    db.exec(
-        "INSERT INTO jobs (queue, name, status, finished_at) SELECT 'bp_done', 'bp.N', 'ok', now()"
-        " FROM generate_series(1, %(finished)s)",
-        {"finished": finished},
-    )
+    make_jobs(db, finished, "bp_done", "bp.N", status="ok")
     db.exec("ANALYZE jobs")
     asks = [Ask(None, claim(q, s)) for q in names for s in range(slots)]
     # As the server's superuser: only an administrator may load auto_explain.

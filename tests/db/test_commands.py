@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from factory import ago, later, make_job
+from factory import ago, later, make_job, make_jobs
 from tests_support import ROOT
 
 import worker
@@ -258,11 +258,7 @@ def test_no_arguments_run_the_worker_as_the_parser_would_say(env):
 
 def test_a_long_redrive_shows_progress_on_a_terminal_only(db):
     n = commands.REDRIVE_BATCH * 2 + 10
-    db.exec(
-        "INSERT INTO jobs (queue, name, args, status, attempts, finished_at) "
-        "SELECT 'caches', 'caches.Age', jsonb_build_object('n', i), 'err: boom', 1, now() FROM generate_series(1, %s) i",
-        (n,),
-    )
+    make_jobs(db, n, "caches", "caches.Age", [{"n": i} for i in range(1, n + 1)], status="err: boom")
     args = make_parser(Settings()).parse_args(["redrive", "--queue", "caches", "--dry-run"])
     terminal, pipe = _Terminal(), io.StringIO()
     assert commands.redrive_failed(db, args, terminal, io.StringIO()) == 0

@@ -45,6 +45,7 @@ def test_dedupe_with_large_args(db, dedupe_q):
 def test_dedupe_applies_to_every_writer(db, dedupe_q):
     ids = insert_many(db, [Job("d", "d.Once", {"k": 1}), Job("d", "d.Once", {"k": 1}), Job("d", "d.Once", {"k": 2})])
     assert len(ids) == 2
+    # An application's own INSERT, written by hand past lib.insert.
     db.exec("INSERT INTO jobs (queue, name, args) VALUES ('d', 'd.Once', '{\"k\": 3}') ON CONFLICT DO NOTHING")
     db.exec("INSERT INTO jobs (queue, name, args) VALUES ('d', 'd.Once', '{\"k\": 3}') ON CONFLICT DO NOTHING")
     assert count_jobs(db) == 3

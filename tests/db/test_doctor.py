@@ -18,6 +18,7 @@ import gevent
 import psycopg2
 import pytest
 import requests
+from factory import make_jobs
 from gevent.event import Event
 from http_support import serving
 from prometheus_client.parser import text_string_to_metric_families
@@ -230,7 +231,7 @@ def test_doctor_from_a_real_process_prints_json_that_parses(db, database_url):
 
 def test_metrics_and_the_admin_page_show_the_figures(db, database_url, monkeypatch):
     monkeypatch.setattr(doctor, "THRESHOLDS", AT_ONCE)
-    db.exec("INSERT INTO jobs (queue, name) SELECT 'mail', 'mail.Send' FROM generate_series(1, 10)")
+    make_jobs(db, 10, "mail", "mail.Send")
     db.exec("DELETE FROM jobs WHERE id % 2 = 0")
     app = worker_app(
         db, admin_token=TOKEN, queues=[], listener=None, supervisor=None, committer=None, stop=Event(), outage=None

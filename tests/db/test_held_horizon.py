@@ -10,6 +10,7 @@ from typing import Any
 
 import psycopg2
 import pytest
+from factory import make_jobs
 
 from lib.store.db import DB
 from lib.store.group_commit import Ask, lone_step
@@ -54,11 +55,7 @@ def test_a_claim_reads_as_many_pages_after_thousands_of_jobs_under_a_held_snapsh
     # Rows of a kilobyte, a few to a page, so that a read's pages count the
     # row versions it steps over. No statistics yet: the planner believes the
     # queue small, as it does of a queue filled since its last ANALYZE.
-    db.exec(
-        "INSERT INTO jobs (queue, name, args) SELECT 'q', 'q.N', jsonb_build_object('n', n, 'pad', repeat('x', 1000))"
-        " FROM generate_series(1, %s) n",
-        (JOBS + 10,),
-    )
+    make_jobs(db, JOBS + 10, "q", "q.N", [{"n": n, "pad": "x" * 1000} for n in range(1, JOBS + 11)])
     due = "SELECT * FROM jobs_due('q', NULL, 1)"
     slot = "SELECT * FROM jobs_slot_holder('q', 0)"
     run(db, 200)

@@ -9,6 +9,7 @@ import gevent
 import psycopg2
 import pytest
 import requests
+from factory import ago, later, make_job, make_jobs
 from gevent.event import Event
 from http_support import serving
 from prometheus_client.parser import text_string_to_metric_families
@@ -58,19 +59,13 @@ class Recording:
         return self.db.query(sql, params)
 
 
-def _plant(db, queue: str, status: str, n: int = 1, **cols: str) -> None:
-    names = ", ".join(["queue", "name", "status", *cols])
-    values = ", ".join([f"'{queue}'", f"'{queue}.N'", f"'{status}'", *cols.values()])
-    db.exec(f"INSERT INTO jobs ({names}) SELECT {values} FROM generate_series(1, {n}) AS i")
-
-
 def test_each_queue_gauge_matches_the_rows_written(db):
-    _plant(db, "mail", "pending", 3, run_at="now() - interval '120 seconds'")
-    _plant(db, "mail", "pending", 1, run_at="now() - interval '5 seconds'")
-    _plant(db, "mail", "pending", 2, run_at="now() + interval '1 hour'")  # delayed: pending, not due
-    _plant(db, "mail", "started", 1, worker_id="'w'", slot="0", lease_until="now() + interval '30 seconds'")
-    _plant(db, "mail", "ok", 4, finished_at="now()")  # finished: in no gauge
-    _plant(db, "sms", "started", 2, worker_id="'w'", slot="i", lease_until="now()")
+    make_jobs(db, 3, "mail", run_at=ago(seconds=120))
+    make_job(db, "mail", run_at=ago(seconds=5))
+    make_jobs(db, 2, "mail", run_at=later(hours=1))  # delayed: pending, not due
+    make_job(db, "mail", status="started", worker_id="w", slot=0, lease_until=later(seconds=30))
+    make_jobs(db, 4, "mail", status="ok")  # finished: in no gauge
+    make_jobs(db, 2, "sms", status="started", worker_id="w", slot=[1, 2], lease_until=later())
     pause(db, "sms", "vendor outage")
     pause(db, "old", "over", until=datetime.now(UTC) - timedelta(minutes=1))  # a pause that has ended
     registry = metrics.registry(db, stats=overview.queue_stats, queues=["idle"])
@@ -95,7 +90,7 @@ def test_each_queue_gauge_matches_the_rows_written(db):
 
 
 def test_the_queue_gauges_cost_one_query_per_scrape_and_are_kept_a_few_seconds(db):
-    _plant(db, "q", "pending", 1)
+    make_job(db, "q")
     recording = Recording(db)
     now = [1000.0]
     collector = metrics.QueueCollector(recording, overview.queue_stats, ["q"], ttl=5.0, clock=lambda: now[0])
@@ -103,7 +98,7 @@ def test_the_queue_gauges_cost_one_query_per_scrape_and_are_kept_a_few_seconds(d
     registry.register(collector)
     with serving(make_app(Health(db), registry)) as base:
         assert value(scrape(base), "jobs_queue_pending", queue="q") == 1
-        _plant(db, "q", "pending", 1)
+        make_job(db, "q")
         now[0] += 4.9
         # Scrapes that come together, and any within the TTL, share the answer.
         scrapes = [gevent.spawn(scrape, base) for _ in range(5)]
@@ -205,7 +200,7 @@ def test_the_group_commits_round_trips_and_asks_are_counted(db):
 
 
 def test_rescues_restarts_pool_and_listener(db, database_url):
-    _plant(db, "lost", "started", 2, worker_id="'gone'", slot="i", lease_until="now() - interval '1 minute'")
+    make_jobs(db, 2, "lost", status="started", worker_id="gone", slot=[1, 2], lease_until=ago(minutes=1))
     stop = Event()
     supervisor = Supervisor(stop, first_delay=0.01)
     deaths = []
@@ -261,8 +256,8 @@ def test_the_scrape_query_stays_on_indexes_with_a_million_finished_rows(db, admi
             "FROM generate_series(1, 1000000) AS i"
         )
         cur.execute("SET session_replication_role = DEFAULT")
-    _plant(db, "q1", "pending", 3)
-    _plant(db, "q1", "ok", 1, finished_at="now()")
+    make_jobs(db, 3, "q1")
+    make_job(db, "q1", status="ok")
     db.exec("ANALYZE jobs")
     recording = Recording(db)
     registry = metrics.registry()

@@ -15,6 +15,7 @@ from decimal import Decimal
 import gevent
 import psycopg2
 import pytest
+from factory import ago, make_job
 from gevent import monkey
 from tests_support import make_poller, wait_for, waiting_on
 
@@ -90,10 +91,8 @@ def test_a_row_no_err_status_fits_is_ended_alone_and_the_rescue_takes_the_rest(d
     claimed = _claimed(db, ["a", "b"])
     # Random, so that no compression brings it under the index's limit.
     long_name = base64.b64encode(os.urandom(6000)).decode()
-    db.exec(
-        "INSERT INTO jobs (queue, name, status, attempts, max_attempts, worker_id, started_at, lease_until, dedupe)"
-        " VALUES ('a', %s, 'started', 1, 1, 'gone', now(), now() - interval '1 minute', false)",
-        (long_name,),
+    make_job(
+        db, "a", long_name, status="started", max_attempts=1, worker_id="gone", slot=None, lease_until=ago(minutes=1)
     )
     db.exec("UPDATE jobs SET lease_until = now() - interval '1 minute'")
     rescued = Leases(db, worker_id="rescuer").rescue()

@@ -3,7 +3,7 @@ from datetime import UTC, datetime, timedelta
 
 import gevent
 import psycopg2
-from factory import ago, make_job
+from factory import ago, make_job, make_jobs
 from tests_support import count_jobs, make_poller
 
 from lib.insert import insert
@@ -66,10 +66,7 @@ def test_claim_stays_on_its_index_with_many_finished_rows(db, database_url):
     pages a claim touches are counted (EXPLAIN's buffers include the
     function's own statements): a handful, where reading the finished rows
     would touch hundreds."""
-    db.exec(
-        "INSERT INTO jobs (queue, name, status, finished_at) "
-        "SELECT 'big', 'big.N', 'ok', now() FROM generate_series(1, 50000)"
-    )
+    make_jobs(db, 50000, "big", "big.N", status="ok")
     insert(db, "big", "big.N")
     db.exec("ANALYZE jobs")
     pages = db.query_row("SELECT relpages FROM pg_class WHERE relname = 'jobs'")[0]
@@ -103,10 +100,7 @@ def test_the_rescue_reads_the_started_rows_alone_with_many_finished_rows(db):
     the partial index of started rows: with 50,000 finished rows beside two
     started ones, one of them lost, it touches a handful of pages where
     reading the finished rows would touch hundreds."""
-    db.exec(
-        "INSERT INTO jobs (queue, name, status, finished_at) "
-        "SELECT 'big', 'big.N', 'ok', now() FROM generate_series(1, 50000)"
-    )
+    make_jobs(db, 50000, "big", "big.N", status="ok")
     lost = make_job(db, "big", status="started", lease_until=ago(seconds=60), max_attempts=3).id
     make_job(db, "other", status="started")
     db.exec("ANALYZE jobs")
@@ -169,11 +163,9 @@ def test_a_batch_is_planned_without_reading_the_entries_the_last_ones_left_dead(
     that joined jobs with itself on id was planned by reading that end for
     its estimates: 14,576 pages, 47 ms a batch after 5.3M rows. After 50,000
     rows, planning the next batch touches a few pages."""
-    db.exec(
-        "INSERT INTO jobs (queue, name, status, attempts, finished_at, dedupe) "
-        "SELECT 'r', 'r.N', 'ok', 1, timestamptz '2020-01-01' + i * interval '1 second', false "
-        "FROM generate_series(1, 50000) AS i"
-    )
+    start = datetime(2020, 1, 1, tzinfo=UTC)
+    finished = [start + timedelta(seconds=i) for i in range(1, 50001)]
+    make_jobs(db, 50000, "r", "r.N", status="ok", finished_at=finished, dedupe=False)
     db.exec("ANALYZE jobs")
     assert maintenance.clean_up_jobs(db, days=14) == "ok: deleted 50000"
     with db.connection() as conn, conn.cursor() as cur:

@@ -3,7 +3,7 @@ import re
 import gevent
 import psycopg2
 import pytest
-from factory import make_job, read_job
+from factory import make_job, make_jobs, read_job
 from tests_support import make_poller, wait_for
 
 from lib.greenlets.backoff import CAP_SECONDS, Backoff, backoff
@@ -149,10 +149,7 @@ def test_the_live_copy_look_up_reads_the_dedupe_index_not_the_table(db):
     second per failure). The redrive as the pool sends it, explained and
     rolled back, next to 20,000 finished rows."""
     failed = failed_copies(db, 1, {"k": 1}) + failed_copies(db, 1, {"k": 2})
-    db.exec(
-        "INSERT INTO jobs (queue, name, args, status, finished_at, dedupe) "
-        "SELECT 'd', 'd.Once', jsonb_build_object('n', i), 'ok', now(), true FROM generate_series(1, 20000) AS i"
-    )
+    make_jobs(db, 20000, "d", "d.Once", [{"n": i} for i in range(1, 20001)], status="ok", dedupe=True)
     db.exec("ANALYZE jobs")
     with db.connection() as conn, conn.cursor() as cur:
         conn.autocommit = False

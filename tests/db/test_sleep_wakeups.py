@@ -67,7 +67,7 @@ def test_a_queue_no_poller_sleeps_on_is_not_notified(db, recorder):
     """No worker runs it, or none has gone idle yet: nobody to wake, and its
     enqueues commit without the notify lock."""
     insert(db, "fresh", "fresh.N")
-    db.exec("INSERT INTO jobs (queue, name) VALUES ('fresh', 'fresh.N')")
+    db.exec("INSERT INTO jobs (queue, name) VALUES ('fresh', 'fresh.N')")  # by hand: the statement trigger's way
     assert settled(db, recorder) == []
 
 

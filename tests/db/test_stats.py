@@ -3,7 +3,7 @@
 from datetime import UTC, datetime, timedelta
 
 import psycopg2
-from factory import ago, later, make_job
+from factory import ago, later, make_job, make_jobs
 
 from lib.operate import overview
 from lib.operate.queue_state import pause
@@ -116,15 +116,9 @@ def test_queue_stats_stays_on_indexes_with_a_million_finished_rows(db, admin_db,
 def plant_pending(db, queue: str, due: int, scheduled: int, retrying_due: int = 0) -> None:
     """Pending rows of one queue: due ones (the first retrying_due of them
     back after a failure), then scheduled ones an hour ahead."""
-    db.exec(
-        "INSERT INTO jobs (queue, name, args, run_at, attempts)"
-        " SELECT %(queue)s, 'n', '{}',"
-        "  CASE WHEN i <= %(due)s THEN now() - interval '1 minute' + i * interval '1 ms'"
-        "  ELSE now() + interval '1 hour' END,"
-        "  CASE WHEN i <= %(retrying)s THEN 1 ELSE 0 END"
-        " FROM generate_series(1, %(n)s) AS i",
-        {"queue": queue, "due": due, "n": due + scheduled, "retrying": retrying_due},
-    )
+    run_at = [ago(minutes=1) + timedelta(milliseconds=i) for i in range(1, due + 1)] + [later(hours=1)] * scheduled
+    attempts = [1] * retrying_due + [0] * (due + scheduled - retrying_due)
+    make_jobs(db, due + scheduled, queue, "n", run_at=run_at, attempts=attempts)
 
 
 def test_pending_counts_stop_at_each_queues_share_of_the_rows_given(db):

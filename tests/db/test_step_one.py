@@ -14,6 +14,7 @@ from typing import Any
 
 import psycopg2
 import pytest
+from factory import make_jobs
 
 from lib.insert import insert
 from lib.operate.queue_state import pause
@@ -297,12 +298,7 @@ def test_a_batch_finds_each_queues_prefix_in_time_that_grows_with_the_batch_not_
     tens of seconds, where finding each queue's first unlocked head takes
     milliseconds. A sanity bound, not a timing."""
     queues = [f"b{n:03d}" for n in range(100)]
-    with db.transaction() as tx:
-        tx.exec(
-            "INSERT INTO jobs (queue, name, args) SELECT q, q || '.N', '{}'"
-            " FROM unnest(%(queues)s::text[]) q, generate_series(1, 8)",
-            {"queues": queues},
-        )
+    make_jobs(db, 800, [queue for queue in queues for _ in range(8)])
     asks = [Ask(None, claim(queue, slot)) for queue in queues for slot in range(8)]
     with db.transaction() as tx:
         tx.exec("SET LOCAL statement_timeout = '5s'")

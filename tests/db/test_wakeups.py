@@ -3,6 +3,7 @@ import uuid
 
 import gevent
 import pytest
+from factory import make_jobs
 from gevent.event import Event
 from tests_support import asleep, make_poller, run_python
 
@@ -90,6 +91,7 @@ def test_set_based_enqueue_wakes_once(db, admin_db, listening):
     with admin_db.transaction() as tx:
         # Counts this transaction's calls of PL/pgSQL functions, triggers included (an administrator's setting).
         tx.exec("SET LOCAL track_functions = 'pl'")
+        # An application's own set-based INSERT, written by hand: the trigger's case.
         tx.exec("INSERT INTO jobs (queue, name) SELECT 'bulk', 'bulk.N' FROM generate_series(1, 500)")
         (notify_calls,) = tx.query_row(
             "SELECT coalesce(sum(f.calls), 0) FROM pg_stat_xact_user_functions f "
@@ -118,7 +120,7 @@ def test_a_one_job_insert_wakes_its_queue_itself_and_other_writers_still_run_the
         tx.exec("SET LOCAL track_functions = 'pl'")
         insert(tx, "one", "one.N")
         assert _trigger_calls(tx) == 0
-        tx.exec("INSERT INTO jobs (queue, name) VALUES ('plain', 'plain.N')")
+        tx.exec("INSERT INTO jobs (queue, name) VALUES ('plain', 'plain.N')")  # another writer's, by hand
         assert _trigger_calls(tx) == 1
     assert sorted(_settled(db, recorder)) == ["one", "plain"]
 
@@ -136,7 +138,7 @@ def test_a_duplicate_the_dedupe_index_suppressed_wakes_nobody(db, listening):
 def test_a_finished_job_wakes_nobody_but_a_handover_does(db, listening):
     _, recorder = listening
     asleep(db, "plain")
-    db.exec("INSERT INTO jobs (queue, name) VALUES ('plain', 'plain.N'), ('plain', 'plain.N')")
+    make_jobs(db, 2, "plain")
     _wait(lambda: recorder.woken == ["plain"])
     poller = make_poller("plain", db, {"plain.N": lambda job: "ok"})
     # A finished job notifies no one: its poller goes on with the queue itself.

@@ -88,6 +88,7 @@ POISON = [
 
 
 def _plant(db: DB, args_sql: str, name: str, extra: dict) -> int:
+    # By hand, args as SQL: a bad row is what no writer of the project's sends.
     columns = ", ".join(["queue", "name", "args", *extra])
     values = ", ".join(["'poison'", "%s", args_sql, *["%s"] * len(extra)])
     return db.query_row(f"INSERT INTO jobs ({columns}) VALUES ({values}) RETURNING id", (name, *extra.values()))[0]
@@ -144,6 +145,7 @@ def test_each_bad_row_ends_with_its_reason_and_the_queue_goes_on(poison_db, data
 @pytest.mark.parametrize("run_at", ["infinity", "-infinity"])
 def test_a_run_at_that_is_no_moment_is_refused_when_written(db, run_at):
     with pytest.raises(psycopg2.errors.CheckViolation, match="jobs_run_at_finite"):
+        # By hand: the table refuses the row from any writer, not only lib.insert.
         db.exec("INSERT INTO jobs (queue, name, run_at) VALUES ('poison', 'poison.Good', %s)", (run_at,))
 
 
