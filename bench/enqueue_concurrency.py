@@ -8,10 +8,14 @@ Enqueue: --clients (16, then 1 for reference) processes of a plain
 synchronous application (bench/apps/sharing_enqueue.py: psycopg2, no gevent,
 no worker running), each writing one job a transaction for --seconds, all
 from the same moment, into one queue and then round robin over 40 queues.
-Two kinds of write, taking turns in every round (each round begun by the
-other kind), the jobs table emptied before each run:
+Three kinds of write, taking turns in every round (each round begun by the
+next kind), the jobs table emptied before each run:
   - lib.insert: BEGIN; lib.insert.insert(cur, queue, name, args); COMMIT
-    (jobs_insert: the row, and the queue's NOTIFY);
+    (jobs_insert: the row, no NOTIFY: no poller of the queue sleeps, as for
+    a busy queue or one no worker runs);
+  - lib.insert, pollers asleep: the same with every queue marked as a
+    sleeping poller marks it (job_queues.wake_wanted) and no poller to clear
+    the mark, so every enqueue notifies: the most an enqueue can cost;
   - plain INSERT: BEGIN; the INSERT jobs_insert makes (the same columns, the
     same dedupe read, ON CONFLICT DO NOTHING RETURNING id), prepared once, in
     a session where jobs.inserting_checked is on, as jobs_insert sets it
@@ -47,21 +51,30 @@ from bench import compare, floors, harness
 from bench.harness import CommitRate, Server, add_pgbench_seconds, admin_connect, scratch_database
 from bench.sharing import latency_ms, start_clients, vacuum_line, vacuum_settings
 
-KINDS = {"lib": "lib.insert", "plain": "plain INSERT"}
+KINDS = {"lib": "lib.insert", "asleep": "lib.insert, pollers asleep", "plain": "plain INSERT"}
 MANY_QUEUES = 40
 TARGET = 0.8
 
 
 def one_run(url: str, kind: str, clients: int, queues: int, seconds: float) -> dict[str, Any]:
-    """clients writing kind into queues for seconds, on an emptied table."""
+    """clients writing kind into queues for seconds, on an emptied table.
+    asleep: every queue marked as a sleeping poller marks it, and no poller
+    claims to clear the mark, so every enqueue notifies."""
+    names = [f"q{i:02d}" for i in range(queues)]
     conn = admin_connect(url)
     try:
         with conn.cursor() as cur:
             cur.execute("TRUNCATE jobs")
+            cur.execute("UPDATE job_queues SET wake_wanted = false WHERE wake_wanted")
+            if kind == "asleep":
+                cur.execute(
+                    "INSERT INTO job_queues (queue, wake_wanted) SELECT unnest(%s::text[]), true"
+                    " ON CONFLICT (queue) DO UPDATE SET wake_wanted = true",
+                    (names,),
+                )
     finally:
         conn.close()
-    names = [f"q{i:02d}" for i in range(queues)]
-    run = start_clients(kind, url, clients, names, seconds=seconds)
+    run = start_clients("lib" if kind == "asleep" else kind, url, clients, names, seconds=seconds)
     writes = run.wait(seconds + 60)
     committed = writes.committed(run.start_at, run.start_at + seconds)
     return {
@@ -84,7 +97,7 @@ def enqueue_rates(url: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     order = list(KINDS)
     for n in range(args.rounds):
         for clients, queues in cells(args):
-            for kind in order[n % 2 :] + order[: n % 2]:
+            for kind in order[n % len(order) :] + order[: n % len(order)]:
                 print(
                     f"round {n + 1} of {args.rounds}: {clients} clients, {queues} queues, {KINDS[kind]} ...",
                     flush=True,
@@ -100,6 +113,7 @@ def enqueue_rates(url: str, args: argparse.Namespace) -> list[dict[str, Any]]:
                 "runs": runs,
                 "per_s": medians,
                 "ratio": medians["lib"] / medians["plain"] if medians["plain"] else None,
+                "asleep_ratio": medians["asleep"] / medians["plain"] if medians["plain"] else None,
                 "round_ratios": [
                     lib["per_s"] / plain["per_s"] if plain["per_s"] else None
                     for lib, plain in zip(runs["lib"], runs["plain"], strict=True)
@@ -119,21 +133,25 @@ def print_table(result: dict[str, Any]) -> None:
     )
     print()
     header = (
-        f"{'clients, queues':<18}{'lib.insert/s':>13}{'plain/s':>10}{'lib/plain':>11}"
-        f"{'of commits':>12}{'commit p50 ms':>15}{'commit p99 ms':>15}{'errors':>8}"
+        f"{'clients, queues':<18}{'lib.insert/s':>13}{'asleep/s':>10}{'plain/s':>10}{'lib/plain':>11}"
+        f"{'asleep/plain':>14}{'commit p50 ms':>18}{'commit p99 ms':>18}{'errors':>8}"
     )
     print(header)
     print("-" * len(header))
     for row in result["enqueue"]:
-        lib, plain = row["per_s"]["lib"], row["per_s"]["plain"]
+        lib, asleep, plain = (row["per_s"][k] for k in ("lib", "asleep", "plain"))
         p50 = "/".join(_ms(statistics.median(r["commit_ms"]["p50"] for r in row["runs"][k])) for k in KINDS)
         p99 = "/".join(_ms(statistics.median(r["commit_ms"]["p99"] for r in row["runs"][k])) for k in KINDS)
         errors = sum(r["errors"] for k in KINDS for r in row["runs"][k])
-        ratio = "-" if row["ratio"] is None else f"{row['ratio']:.2f}"
+        ratio, asleep_ratio = ("-" if r is None else f"{r:.2f}" for r in (row["ratio"], row["asleep_ratio"]))
         label = f"{row['clients']}, {row['queues']}"
-        print(f"{label:<18}{lib:>13,.0f}{plain:>10,.0f}{ratio:>11}{lib / rate:>12.2f}{p50:>15}{p99:>15}{errors:>8}")
-    print(f"(of commits: lib.insert's rate over the one-client UPDATE commit rate, {rate:,.0f}/s;")
-    print(" commit times lib.insert/plain, the median of the rounds' percentiles)")
+        print(
+            f"{label:<18}{lib:>13,.0f}{asleep:>10,.0f}{plain:>10,.0f}{ratio:>11}{asleep_ratio:>14}"
+            f"{p50:>18}{p99:>18}{errors:>8}"
+        )
+    print("(lib.insert: no poller asleep, as for a busy queue or none running; asleep: every queue's")
+    print(" poller asleep and never clearing its mark, so every enqueue notifies; commit times")
+    print(f" lib.insert/asleep/plain, the median of the rounds' percentiles; commit rate {rate:,.0f}/s)")
     for row in result["enqueue"]:
         each = ", ".join("-" if r is None else f"{r:.2f}" for r in row["round_ratios"])
         print(f"  {row['clients']} clients, {row['queues']} queues, lib/plain round by round: {each}")

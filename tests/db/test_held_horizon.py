@@ -53,8 +53,8 @@ def held_snapshot(database_url: str) -> Iterator[None]:
 
 def test_a_claim_reads_as_many_pages_after_thousands_of_jobs_under_a_held_snapshot(db, held_snapshot):
     # Rows of a kilobyte, a few to a page, so that a read's pages count the
-    # row versions it steps over. No statistics yet: the planner believes the
-    # queue small, as it does of a queue filled since its last ANALYZE.
+    # row versions it steps over. No statistics yet (a table never
+    # analyzed): the planner believes the queue small.
     make_jobs(db, JOBS + 10, "q", "q.N", [{"n": n, "pad": "x" * 1000} for n in range(1, JOBS + 11)])
     due = "SELECT * FROM jobs_due('q', NULL, 1)"
     slot = "SELECT * FROM jobs_slot_holder('q', 0)"
