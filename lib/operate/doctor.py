@@ -191,6 +191,13 @@ def vacuum(v: Vitals, t: Thresholds) -> Finding:
     names = ("autovacuum", "vacuum", "autoanalyze")
     times = (v.last_autovacuum, v.last_vacuum, v.last_autoanalyze)
     summary = ", ".join(f"last {n} {_ago(w, v)}" for n, w in zip(names, times, strict=True))
+    if v.autovacuum_off == "server":
+        advice = "dead rows stay until someone runs VACUUM: turn it on (ALTER SYSTEM SET autovacuum = on;"
+        advice += " SELECT pg_reload_conf()), or VACUUM jobs on a schedule"
+        return Finding("jobs vacuum", WARNING, summary + "; autovacuum is off on the server", advice=advice)
+    if v.autovacuum_off == "table":
+        advice = "dead rows stay until someone runs VACUUM: ALTER TABLE jobs RESET (autovacuum_enabled)"
+        return Finding("jobs vacuum", WARNING, summary + "; autovacuum is off for the jobs table", advice=advice)
     last = max((w for w in (v.last_autovacuum, v.last_vacuum) if w is not None), default=None)
     stale = last is None or v.now is None or (v.now - last).total_seconds() > t.vacuum_stale
     if (v.dead_rows or 0) < t.dead_rows_floor or not stale:

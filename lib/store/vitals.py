@@ -112,6 +112,7 @@ class Vitals:
     indexes: list[tuple[str, int | None]] = field(default_factory=list)
     now: datetime | None = None  # the database's time of the reading, for the vacuums' ages
     sizes_note: str | None = None
+    autovacuum_off: str | None = None  # "server" (autovacuum = off) or "table" (jobs' autovacuum_enabled)
 
     def horizon(self) -> Holder | None:
         """The holder furthest back: the one whose end moves the horizon."""
@@ -173,8 +174,8 @@ def schema_tables() -> list[str]:
 # doctor_vitals's columns, in its order.
 _COLUMNS = (
     "transactions", "prepared", "slots", "has_jobs", "live_rows", "dead_rows", "last_vacuum", "last_autovacuum",
-    "last_analyze", "last_autoanalyze", "jobs_xid_age", "table_bytes", "total_bytes", "indexes", "notify_usage",
-    "database_xid_age", "database", "role", "superuser", "reads_all_stats", "now",
+    "last_analyze", "last_autoanalyze", "autovacuum_off", "jobs_xid_age", "table_bytes", "total_bytes", "indexes",
+    "notify_usage", "database_xid_age", "database", "role", "superuser", "reads_all_stats", "now",
 )  # fmt: skip
 
 

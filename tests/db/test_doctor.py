@@ -86,6 +86,20 @@ def test_a_held_transaction_is_named_by_pid_and_application_and_bad_past_the_thr
     assert ended.verdict == doctor.OK and ended.summary.startswith("nothing holds it"), ended
 
 
+def test_autovacuum_turned_off_is_a_warning_naming_where(db):
+    (server_on,) = db.query_row("SELECT current_setting('autovacuum')::boolean")
+    try:
+        db.exec("ALTER TABLE jobs SET (autovacuum_enabled = false)")  # the owner may
+        v = vitals.read(db)
+        assert v.autovacuum_off == ("table" if server_on else "server")
+        found = doctor.vacuum(v, doctor.Thresholds())
+        assert found.verdict == doctor.WARNING and "autovacuum is off" in found.summary, found
+        assert "VACUUM" in found.advice
+    finally:
+        db.exec("ALTER TABLE jobs RESET (autovacuum_enabled)")
+    assert vitals.read(db).autovacuum_off == (None if server_on else "server")
+
+
 def test_another_roles_transaction_shows_its_pid_and_age_not_its_query(db, admin_db):
     admin_url = admin_db.dsn
     with held(admin_url, "nightly-report") as pid:

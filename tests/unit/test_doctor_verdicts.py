@@ -71,6 +71,8 @@ def test_vacuum_notify_and_xid_age_verdicts():
     stale = vitals(dead_rows=50_000, last_autovacuum=NOW - timedelta(days=2))
     assert doctor.vacuum(stale, T).verdict == "warning"
     assert doctor.vacuum(vitals(last_autovacuum=None), T).verdict == "ok"  # nothing to vacuum
+    for off in ("server", "table"):
+        assert doctor.vacuum(vitals(autovacuum_off=off), T).verdict == "warning"
     assert doctor.notify(vitals(notify_usage=0.2), T).verdict == "warning"
     assert doctor.notify(vitals(notify_usage=0.6), T).verdict == "bad"
     assert doctor.xid_age(vitals(database_xid_age=600_000_000), T).verdict == "warning"
