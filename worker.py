@@ -31,13 +31,13 @@ from lib.run.poller import Poller  # noqa: E402
 from lib.run.queue import AUTH_PREFIX, Queue  # noqa: E402
 from lib.run.recovery import Recovery  # noqa: E402
 from lib.run.runtime import Runtime  # noqa: E402
-from lib.setup import errors, logs  # noqa: E402
+from lib.setup import error_reports, logs  # noqa: E402
 from lib.setup.dsn import dsn_place, mask_secret  # noqa: E402
-from lib.setup.errors import Outage  # noqa: E402
+from lib.setup.error_reports import Outage  # noqa: E402
 from lib.setup.settings import SettingError, Settings  # noqa: E402
 from lib.store.connections import behind_pooler  # noqa: E402
 from lib.store.db import DB  # noqa: E402
-from lib.store.errors import is_conn_failure, is_database_error  # noqa: E402
+from lib.store.driver_errors import is_conn_failure, is_database_error  # noqa: E402
 from lib.store.forks import refuse_fork  # noqa: E402
 from lib.store.group_commit import Committer  # noqa: E402
 from lib.store.migrate import migrate  # noqa: E402
@@ -102,8 +102,8 @@ def main(
     args = _args(settings, sys.argv[1:] if argv is None else argv)
     # Every line, event and stored traceback is masked of the configured
     # secrets: a fault's message may quote one.
-    logs.setup(settings.log_level, settings.log_format, errors.configure(settings))
-    errors.init(settings.sentry_dsn)
+    logs.setup(settings.log_level, settings.log_format, error_reports.configure(settings))
+    error_reports.init(settings.sentry_dsn)
     if args.command == "check":
         from lib.operate import registry_check
 
@@ -246,7 +246,7 @@ def _connect_at_start(url: str, size: int, pooled: bool, stop: Event, starting: 
                     exc,
                     retry.cap,
                 )
-                errors.capture(exc.__cause__ or exc, message="database at start failing")
+                error_reports.capture(exc.__cause__ or exc, message="database at start failing")
             _starting(starting, f"waiting for the database at {place}: {exc}")
             if stop.wait(retry.failed()):
                 return None

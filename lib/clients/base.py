@@ -1,7 +1,7 @@
 """The HTTP client the third-party API clients share: one Session, the
 credential kept out of every error, capped bodies, redirects only within the
 API's origin, and each error answer turned into a typed error
-(lib/clients/errors.py) by the client's outcome table
+(lib/clients/api_errors.py) by the client's outcome table
 (lib/clients/outcomes.py).
 
 ``outcome()`` says what the queue does about an error, ``may_repeat()``
@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import unquote, urljoin, urlsplit
 
 from lib.clients import limits
-from lib.clients.errors import (
+from lib.clients.api_errors import (
     APIError,
     AuthError,
     BadInputError,

@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from lib.job.rate import Budget, Rate, budget_key, limits_key
-from lib.store.errors import is_lock_timeout
+from lib.store.driver_errors import is_lock_timeout
 from lib.store.sql import Q
 
 log = logging.getLogger("jobs.queue_state")

@@ -31,7 +31,7 @@ from lib.greenlets.backoff import backoff
 from lib.job import Handler, PendingJob, Snooze, status
 from lib.job.text import describe
 from lib.run.queue import AUTH_PREFIX, Queue
-from lib.setup.errors import Outage, capture, reported
+from lib.setup.error_reports import Outage, capture, reported
 from lib.store.db import DB
 from lib.store.sql import Q
 

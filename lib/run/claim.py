@@ -14,9 +14,9 @@ from lib.insert import MAX_ARGS_BYTES, oversize
 from lib.job import PendingJob
 from lib.job import status as st
 from lib.run.completer import Completer
-from lib.setup.errors import capture
+from lib.setup.error_reports import capture
 from lib.store.db import DB
-from lib.store.errors import is_data_error, is_server_error, is_unique_violation
+from lib.store.driver_errors import is_data_error, is_server_error, is_unique_violation
 from lib.store.sql import Q
 
 log = logging.getLogger("jobs")

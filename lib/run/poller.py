@@ -27,9 +27,9 @@ from lib.run.release import Releaser
 from lib.run.runtime import Runtime
 from lib.run.write import Writer
 from lib.setup import counters
-from lib.setup.errors import Outage, capture
+from lib.setup.error_reports import Outage, capture
 from lib.store.db import DB
-from lib.store.errors import is_database_error, is_outage, is_server_error
+from lib.store.driver_errors import is_database_error, is_outage, is_server_error
 
 log = logging.getLogger("jobs")
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from lib.background.leases import Leases
 from lib.greenlets.kills import Kills
 from lib.run.completer import Completer
-from lib.setup.errors import Outage
+from lib.setup.error_reports import Outage
 from lib.store.db import DB
 from lib.store.group_commit import Committer
 

@@ -20,8 +20,8 @@ from lib.job import status as st
 from lib.run.claim import Claimer, ClaimResult, claimed
 from lib.run.completer import Completer
 from lib.run.outcome import Outcome
-from lib.setup.errors import Outage, capture, capture_message
-from lib.store.errors import Unsendable, is_data_error, is_outage, is_server_error
+from lib.setup.error_reports import Outage, capture, capture_message
+from lib.store.driver_errors import Unsendable, is_data_error, is_outage, is_server_error
 
 log = logging.getLogger("jobs")
 

@@ -29,7 +29,7 @@ import psycopg2.extensions
 
 from lib.greenlets.backoff import Backoff
 from lib.store.db import DB
-from lib.store.errors import is_database_error
+from lib.store.driver_errors import is_database_error
 
 log = logging.getLogger("jobs.migrate")
 

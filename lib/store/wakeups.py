@@ -17,7 +17,7 @@ from gevent.event import Event
 from gevent.select import select
 
 from lib.greenlets.backoff import Backoff
-from lib.setup.errors import Outage
+from lib.setup.error_reports import Outage
 from lib.store.connections import behind_pooler, connect_options
 
 log = logging.getLogger("jobs.wakeups")

@@ -10,7 +10,7 @@ from gevent.server import StreamServer
 
 from lib.store.connections import connect_options
 from lib.store.db import DB
-from lib.store.errors import PoolTimeout, is_conn_failure, is_outage
+from lib.store.driver_errors import PoolTimeout, is_conn_failure, is_outage
 
 
 def _wait_for(predicate, timeout: float = 10.0) -> None:

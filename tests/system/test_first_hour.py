@@ -33,7 +33,7 @@ from lib.insert import insert
 from lib.operate.registry_check import schedule_args_problems
 from lib.operate.setup_check import defined, unconnected
 from lib.setup import embedded
-from lib.setup.errors import MAX_TRACEBACK_BYTES
+from lib.setup.error_reports import MAX_TRACEBACK_BYTES
 from queues import REGISTRY
 from tests.tests_support import wait_for
 
