@@ -35,12 +35,12 @@ from lib.setup import error_reports, logs  # noqa: E402
 from lib.setup.dsn import dsn_place, mask_secret  # noqa: E402
 from lib.setup.error_reports import Outage  # noqa: E402
 from lib.setup.settings import SettingError, Settings  # noqa: E402
-from lib.store.connections import behind_pooler  # noqa: E402
 from lib.store.db import DB  # noqa: E402
 from lib.store.driver_errors import is_conn_failure, is_database_error  # noqa: E402
 from lib.store.forks import refuse_fork  # noqa: E402
 from lib.store.group_commit import Committer  # noqa: E402
 from lib.store.migrate import migrate  # noqa: E402
+from lib.store.pool_connections import behind_pooler  # noqa: E402
 from lib.store.wakeups import Listener  # noqa: E402
 
 if TYPE_CHECKING:

@@ -207,7 +207,7 @@ def _loopback(host: str) -> bool:
 def parse_sentry_dsn(text: str | None, name: str, default: str | None) -> str | None:
     """A Sentry DSN (https://KEY@HOST/PROJECT_ID), checked as sentry-sdk
     would at init (a traceback then) without importing it here: a plain
-    program reading the settings (lib.setup.connect) need not load it."""
+    program reading the settings (lib.setup.plain_connection) need not load it."""
     value = (text or "").strip()
     if not value:
         return default

@@ -18,7 +18,7 @@ from gevent.select import select
 
 from lib.greenlets.backoff import Backoff
 from lib.setup.error_reports import Outage
-from lib.store.connections import behind_pooler, connect_options
+from lib.store.pool_connections import behind_pooler, connect_options
 
 log = logging.getLogger("jobs.wakeups")
 
