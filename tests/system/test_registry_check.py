@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 
 from lib.background.clock import Scheduled, every
+from lib.operate.enqueue_sites import Writer
 from lib.operate.registry_check import check, main
 from lib.operate.setup_check import defined, unconnected
-from lib.operate.writers import Writer
 from lib.run.queue import Queue
 from lib.setup.settings import SettingError
 from lib.store.db import DB
