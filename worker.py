@@ -23,7 +23,6 @@ from lib.background.horizon_watch import HorizonWatch  # noqa: E402
 from lib.background.leases import Leases, new_worker_id  # noqa: E402
 from lib.background.rollup import Rollup  # noqa: E402
 from lib.greenlets import hub_watch, reports  # noqa: E402
-from lib.greenlets.backoff import Backoff  # noqa: E402
 from lib.greenlets.supervise import Supervisor  # noqa: E402
 from lib.operate import overview, queue_state, setup_check  # noqa: E402
 from lib.operate.queue_state import declare_rate, pause, resume  # noqa: E402
@@ -41,6 +40,7 @@ from lib.store.forks import refuse_fork  # noqa: E402
 from lib.store.group_commit import Committer  # noqa: E402
 from lib.store.migrate import migrate  # noqa: E402
 from lib.store.pool_connections import behind_pooler  # noqa: E402
+from lib.store.retry_backoff import Backoff  # noqa: E402
 from lib.store.wakeups import Listener  # noqa: E402
 
 if TYPE_CHECKING:

@@ -27,12 +27,12 @@ from lib.clients.base import (
     Outcome,
     OutcomeUnknown,
 )
-from lib.greenlets.backoff import backoff
 from lib.job import Handler, PendingJob, Snooze, status
 from lib.job.text import describe
 from lib.run.queue import AUTH_PREFIX, Queue
 from lib.setup.error_reports import Outage, capture, reported
 from lib.store.db import DB
+from lib.store.retry_backoff import backoff
 from lib.store.sql import Q
 
 log = logging.getLogger("jobs.api")

@@ -10,13 +10,13 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from lib.background.leases import LeaseLost
-from lib.greenlets.backoff import BASE_SECONDS as RETRY_BASE_SECONDS
-from lib.greenlets.backoff import backoff
 from lib.job import PendingJob, Snooze
 from lib.job import status as st
 from lib.job.text import describe
 from lib.setup.error_reports import capture, configured_secrets, reporting, traceback_text
 from lib.setup.redact import scrub
+from lib.store.retry_backoff import BASE_SECONDS as RETRY_BASE_SECONDS
+from lib.store.retry_backoff import backoff
 
 log = logging.getLogger("jobs")
 

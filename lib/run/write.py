@@ -13,7 +13,6 @@ from typing import Any
 import gevent
 
 from lib.background.leases import Leases
-from lib.greenlets.backoff import Backoff
 from lib.greenlets.kills import Kills
 from lib.job import PendingJob
 from lib.job import status as st
@@ -22,6 +21,7 @@ from lib.run.outcome import Outcome
 from lib.setup.error_reports import Outage, capture, capture_message
 from lib.store.driver_errors import Unsendable, is_data_error, is_outage, is_server_error
 from lib.store.group_commit import Committer
+from lib.store.retry_backoff import Backoff
 
 log = logging.getLogger("jobs")
 
