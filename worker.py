@@ -25,9 +25,10 @@ from lib.background.rollup import Rollup  # noqa: E402
 from lib.greenlets import hub_watch, reports  # noqa: E402
 from lib.greenlets.supervise import Supervisor  # noqa: E402
 from lib.operate import overview, queue_state, setup_check  # noqa: E402
-from lib.operate.queue_state import declare_rate, pause, resume  # noqa: E402
+from lib.operate.queue_state import pause, resume  # noqa: E402
 from lib.run.poller import Poller  # noqa: E402
 from lib.run.queue import AUTH_PREFIX, Queue  # noqa: E402
+from lib.run.rates import declare_rate  # noqa: E402
 from lib.run.recovery import Recovery  # noqa: E402
 from lib.run.runtime import Runtime  # noqa: E402
 from lib.setup import error_reports, logs  # noqa: E402
