@@ -34,7 +34,8 @@ from lib.run.runtime import Runtime  # noqa: E402
 from lib.setup import error_reports, logs  # noqa: E402
 from lib.setup.dsn import dsn_place, mask_secret  # noqa: E402
 from lib.setup.error_reports import Outage  # noqa: E402
-from lib.setup.settings import SettingError, Settings  # noqa: E402
+from lib.setup.parsers import SettingError  # noqa: E402
+from lib.setup.settings import Settings  # noqa: E402
 from lib.store.db import DB  # noqa: E402
 from lib.store.driver_errors import is_conn_failure, is_database_error  # noqa: E402
 from lib.store.forks import refuse_fork  # noqa: E402
@@ -307,6 +308,7 @@ def _operate(db: DB, args: "Namespace | SimpleNamespace", registry: Registry) ->
     # Imported here: a worker that only runs never loads them (tqdm, the
     # tables' code and the registry check are memory it would hold for nothing).
     from lib.operate import commands, registry_check
+    from lib.operate.known_names import known_handled, unknown_names
 
     out, err = sys.stdout, sys.stderr
     handled: dict[str, frozenset[str]] = {}
@@ -320,9 +322,9 @@ def _operate(db: DB, args: "Namespace | SimpleNamespace", registry: Registry) ->
         # The registry's queues and their job names, from the definitions
         # alone, and those live workers run (another release, another entry
         # point): a queue with no rows yet is listed, a job none runs refused.
-        handled = commands.known_handled(db, registry_check.handled(queues, []))
+        handled = known_handled(db, registry_check.handled(queues, []))
         # A slip in a name would pause nothing, or find nothing, and say it did.
-        unknown = commands.unknown_names(db, args, handled)
+        unknown = unknown_names(db, args, handled)
         if unknown is not None:
             print(f"{args.command}: {unknown}", file=err)
             return 2

@@ -34,7 +34,6 @@ from lib.clients.api_errors import (
     InvalidArgument,
     NotConfigured,
     NotFoundError,
-    OutcomeUnknown,
     OverloadedError,
     RateLimitError,
     ServerError,
@@ -42,16 +41,13 @@ from lib.clients.api_errors import (
     scrubbed,
 )
 from lib.clients.outcomes import IDEMPOTENT_METHODS, Outcome, OutcomeTable, table_outcome
-from lib.clients.resets import MAX_WAIT, clamp_reset, parse_retry_after, utc_now
+from lib.clients.resets import clamp_reset, parse_retry_after, utc_now
 from lib.setup.redact import scrub
 
 if TYPE_CHECKING:
     # Imported when a client is built: a worker whose API queues are off
     # (no token) never loads requests and urllib3.
     import requests
-
-# The names the run pipeline imports from here (lib/run/api_queue.py).
-__all__ = ["MAX_WAIT", "APIClient", "InvalidArgument", "NotConfigured", "Outcome", "OutcomeUnknown"]
 
 log = logging.getLogger(__name__)
 

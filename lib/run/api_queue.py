@@ -19,14 +19,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from lib.clients import limits
-from lib.clients.base import (
-    MAX_WAIT,
-    APIClient,
-    InvalidArgument,
-    NotConfigured,
-    Outcome,
-    OutcomeUnknown,
-)
+from lib.clients.api_errors import InvalidArgument, NotConfigured, OutcomeUnknown
+from lib.clients.base import APIClient
+from lib.clients.outcomes import Outcome
+from lib.clients.resets import MAX_WAIT
 from lib.job import Handler, PendingJob, Snooze, status
 from lib.job.text import describe
 from lib.run.queue import AUTH_PREFIX, Queue

@@ -22,7 +22,6 @@ from typing import Any
 from lib.setup.dsn import masked_dsn
 from lib.setup.parsers import (
     DEFAULT_HTTP_ADDR,
-    SettingError,
     admin_token,
     http_addr,
     one_of,
@@ -38,9 +37,6 @@ from lib.setup.parsers import (
     whole,
 )
 from lib.setup.redact import REDACTED
-
-# SettingError is the settings' error: every reader of them imports it from here.
-__all__ = ["ENV", "SettingError", "Settings"]
 
 DEFAULT_SHUTDOWN_WINDOW = 30.0
 DEFAULT_LEASE_SECONDS = 30.0

@@ -12,7 +12,7 @@ from lib.job import Rate
 from lib.operate import setup_check
 from lib.run.queue import Queue
 from lib.run.rates import declare_rate
-from lib.setup.settings import SettingError
+from lib.setup.parsers import SettingError
 from lib.store.db import DB
 from lib.store.group_commit import Ask, batch_step, lone_step
 

@@ -13,8 +13,8 @@ from tests_support import ROOT, make_poller, wait_for
 
 from lib.insert import insert
 from lib.setup.dsn import dsn_password, masked_dsn
-from lib.setup.parsers import check_dsn
-from lib.setup.settings import SettingError, Settings
+from lib.setup.parsers import SettingError, check_dsn
+from lib.setup.settings import Settings
 
 SECRET = "SEKRET-pw-4711"
 

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from lib.clients import AnthropicClient, ApolloClient, GitHubClient, SlackClient
+from lib.setup.parsers import SettingError
 from lib.setup.redact import REDACTED
-from lib.setup.settings import ENV, SettingError, Settings
+from lib.setup.settings import ENV, Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 CLIENTS = [GitHubClient, SlackClient, AnthropicClient, ApolloClient]
