@@ -23,24 +23,26 @@ from lib.background.horizon_watch import HorizonWatch  # noqa: E402
 from lib.background.leases import Leases, new_worker_id  # noqa: E402
 from lib.background.rollup import Rollup  # noqa: E402
 from lib.greenlets import hub_watch, reports  # noqa: E402
-from lib.greenlets.backoff import Backoff  # noqa: E402
 from lib.greenlets.supervise import Supervisor  # noqa: E402
 from lib.operate import overview, queue_state, setup_check  # noqa: E402
-from lib.operate.queue_state import declare_rate, pause, resume  # noqa: E402
+from lib.operate.queue_state import pause, resume  # noqa: E402
 from lib.run.poller import Poller  # noqa: E402
 from lib.run.queue import AUTH_PREFIX, Queue  # noqa: E402
+from lib.run.rates import declare_rate  # noqa: E402
 from lib.run.recovery import Recovery  # noqa: E402
 from lib.run.runtime import Runtime  # noqa: E402
-from lib.setup import errors, logs  # noqa: E402
+from lib.setup import error_reports, logs  # noqa: E402
 from lib.setup.dsn import dsn_place, mask_secret  # noqa: E402
-from lib.setup.errors import Outage  # noqa: E402
-from lib.setup.settings import SettingError, Settings  # noqa: E402
-from lib.store.connections import behind_pooler  # noqa: E402
+from lib.setup.error_reports import Outage  # noqa: E402
+from lib.setup.parsers import SettingError  # noqa: E402
+from lib.setup.settings import Settings  # noqa: E402
 from lib.store.db import DB  # noqa: E402
-from lib.store.errors import is_conn_failure, is_database_error  # noqa: E402
+from lib.store.driver_errors import is_conn_failure, is_database_error  # noqa: E402
 from lib.store.forks import refuse_fork  # noqa: E402
 from lib.store.group_commit import Committer  # noqa: E402
 from lib.store.migrate import migrate  # noqa: E402
+from lib.store.pool_connections import behind_pooler  # noqa: E402
+from lib.store.retry_backoff import Backoff  # noqa: E402
 from lib.store.wakeups import Listener  # noqa: E402
 
 if TYPE_CHECKING:
@@ -102,8 +104,8 @@ def main(
     args = _args(settings, sys.argv[1:] if argv is None else argv)
     # Every line, event and stored traceback is masked of the configured
     # secrets: a fault's message may quote one.
-    logs.setup(settings.log_level, settings.log_format, errors.configure(settings))
-    errors.init(settings.sentry_dsn)
+    logs.setup(settings.log_level, settings.log_format, error_reports.configure(settings))
+    error_reports.init(settings.sentry_dsn)
     if args.command == "check":
         from lib.operate import registry_check
 
@@ -246,7 +248,7 @@ def _connect_at_start(url: str, size: int, pooled: bool, stop: Event, starting: 
                     exc,
                     retry.cap,
                 )
-                errors.capture(exc.__cause__ or exc, message="database at start failing")
+                error_reports.capture(exc.__cause__ or exc, message="database at start failing")
             _starting(starting, f"waiting for the database at {place}: {exc}")
             if stop.wait(retry.failed()):
                 return None
@@ -306,6 +308,7 @@ def _operate(db: DB, args: "Namespace | SimpleNamespace", registry: Registry) ->
     # Imported here: a worker that only runs never loads them (tqdm, the
     # tables' code and the registry check are memory it would hold for nothing).
     from lib.operate import commands, registry_check
+    from lib.operate.known_names import known_handled, unknown_names
 
     out, err = sys.stdout, sys.stderr
     handled: dict[str, frozenset[str]] = {}
@@ -319,9 +322,9 @@ def _operate(db: DB, args: "Namespace | SimpleNamespace", registry: Registry) ->
         # The registry's queues and their job names, from the definitions
         # alone, and those live workers run (another release, another entry
         # point): a queue with no rows yet is listed, a job none runs refused.
-        handled = commands.known_handled(db, registry_check.handled(queues, []))
+        handled = known_handled(db, registry_check.handled(queues, []))
         # A slip in a name would pause nothing, or find nothing, and say it did.
-        unknown = commands.unknown_names(db, args, handled)
+        unknown = unknown_names(db, args, handled)
         if unknown is not None:
             print(f"{args.command}: {unknown}", file=err)
             return 2

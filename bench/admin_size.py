@@ -97,8 +97,8 @@ from lib.http.admin.jobs import OUTCOMES, STATES
 from lib.http.health import Health
 from lib.http.httpd import HttpServer, make_app
 from lib.operate import overview
-from lib.store.connections import connect_options
 from lib.store.db import DB, _Pooled
+from lib.store.pool_connections import connect_options
 from lib.store.sql import STATEMENTS, Q
 
 # The requirement: database time of one page or one refresh.

@@ -15,10 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from lib.setup.parsers import http_addr
-
-# An address that listens everywhere is asked on loopback.
-from lib.setup.settings import SettingError
+from lib.setup.parsers import SettingError, http_addr
 
 # An address that listens everywhere is asked on loopback.
 _LOOPBACK = {"0.0.0.0": "127.0.0.1", "::": "::1"}

@@ -13,7 +13,7 @@ from sentry_sdk.transport import Transport  # noqa: E402
 from tests_support import scratch_database, superuser_url  # noqa: E402
 
 from lib.run.runtime import Runtime  # noqa: E402
-from lib.setup import embedded, errors  # noqa: E402
+from lib.setup import embedded, error_reports  # noqa: E402
 from lib.setup.settings import Settings  # noqa: E402
 from lib.store.db import DB  # noqa: E402
 from lib.store.migrate import migrate  # noqa: E402
@@ -107,7 +107,7 @@ class CapturingTransport(Transport):
 @pytest.fixture
 def sentry_events() -> Iterator[list[dict]]:
     transport = CapturingTransport()
-    errors.init("http://public@127.0.0.1:9/1", transport=transport)
+    error_reports.init("http://public@127.0.0.1:9/1", transport=transport)
     yield transport.events
     sentry_sdk.get_client().close()
     sentry_sdk.init()  # back to no client: later tests send nothing
@@ -116,12 +116,12 @@ def sentry_events() -> Iterator[list[dict]]:
 @pytest.fixture
 def settings_of(monkeypatch: pytest.MonkeyPatch) -> Callable[[Mapping[str, str]], Settings]:
     """settings_of(env): the settings worker.main would read from env, their
-    secrets masked by lib.setup.errors as worker.main has them masked, until the test ends."""
+    secrets masked by lib.setup.error_reports as worker.main has them masked, until the test ends."""
 
     def read(env: Mapping[str, str]) -> Settings:
         settings = Settings.from_env(env)
-        monkeypatch.setattr(errors, "_secrets", [])  # put back as it was after the test
-        errors.configure(settings)
+        monkeypatch.setattr(error_reports, "_secrets", [])  # put back as it was after the test
+        error_reports.configure(settings)
         return settings
 
     return read

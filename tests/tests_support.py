@@ -17,9 +17,9 @@ import psycopg2
 from gevent.event import Event
 
 from lib.job import Handler
-from lib.operate.queue_state import declare_rate
 from lib.run.poller import Poller
 from lib.run.queue import Queue
+from lib.run.rates import declare_rate
 from lib.run.runtime import Runtime
 from lib.store.db import DB
 from lib.store.sql import Q

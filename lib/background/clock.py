@@ -26,9 +26,9 @@ from gevent.event import Event
 
 from lib.background.db_time import DatabaseTime
 from lib.insert import check_name, encode_args
-from lib.setup.errors import Outage, capture
+from lib.setup.error_reports import Outage, capture
 from lib.store.db import DB
-from lib.store.errors import is_database_error, is_outage
+from lib.store.driver_errors import is_database_error, is_outage
 from lib.store.sql import Q
 
 log = logging.getLogger("jobs.clock")

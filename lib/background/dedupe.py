@@ -23,9 +23,9 @@ from typing import Any
 
 from gevent.event import Event
 
-from lib.greenlets.backoff import Backoff
-from lib.setup.errors import Outage
-from lib.store.errors import is_database_error, is_lock_timeout
+from lib.setup.error_reports import Outage
+from lib.store.driver_errors import is_database_error, is_lock_timeout
+from lib.store.retry_backoff import Backoff
 from lib.store.sql import Q
 
 log = logging.getLogger("jobs.dedupe")

@@ -18,10 +18,10 @@ from collections.abc import Callable
 
 from gevent.event import Event
 
-from lib.setup import errors
-from lib.setup.errors import Outage
+from lib.setup import error_reports
+from lib.setup.error_reports import Outage
 from lib.store.db import DB
-from lib.store.errors import is_outage
+from lib.store.driver_errors import is_outage
 from lib.store.vitals import Holder, Sightings, oldest, read
 
 log = logging.getLogger("jobs.horizon")
@@ -98,7 +98,7 @@ class HorizonWatch:
             f"{holder.xids:,}",
             holder.remedy(),
         )
-        errors.capture_message(
+        error_reports.capture_message(
             f"database horizon held for over {_minutes(self.threshold)}",
             level="warning",
             holder=holder.label(),

@@ -24,10 +24,10 @@ from gevent.event import Event
 
 from lib.job import status as st
 from lib.setup import counters
-from lib.setup.errors import Outage, capture
-from lib.store.connections import DeadlineConnection, connect_options, deadline_connection
+from lib.setup.error_reports import Outage, capture
 from lib.store.db import DB
-from lib.store.errors import NoReply, is_database_error, is_outage, is_server_error
+from lib.store.driver_errors import NoReply, is_database_error, is_outage, is_server_error
+from lib.store.pool_connections import DeadlineConnection, connect_options, deadline_connection
 from lib.store.sql import Q
 
 log = logging.getLogger("jobs.leases")

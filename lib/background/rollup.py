@@ -24,9 +24,9 @@ from gevent.event import Event
 
 from lib.background.clock import MINUTE, each_minute, floor_minute
 from lib.background.db_time import DatabaseTime
-from lib.setup.errors import Outage
+from lib.setup.error_reports import Outage
 from lib.store.db import DB
-from lib.store.errors import is_outage
+from lib.store.driver_errors import is_outage
 from lib.store.sql import Q
 
 log = logging.getLogger("jobs.rollup")

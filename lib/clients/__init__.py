@@ -1,9 +1,7 @@
 """HTTP clients for the third-party APIs the jobs call."""
 
 from lib.clients.anthropic import AnthropicClient
-from lib.clients.apollo import ApolloClient
-from lib.clients.base import APIClient
-from lib.clients.errors import (
+from lib.clients.api_errors import (
     APIError,
     AuthError,
     BadInputError,
@@ -15,6 +13,8 @@ from lib.clients.errors import (
     RateLimitError,
     ServerError,
 )
+from lib.clients.apollo import ApolloClient
+from lib.clients.base import APIClient
 from lib.clients.github import GitHubClient
 from lib.clients.outcomes import Outcome
 from lib.clients.slack import SlackClient

@@ -6,8 +6,8 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from lib.clients.api_errors import APIError, OverloadedError
 from lib.clients.base import APIClient
-from lib.clients.errors import APIError, OverloadedError
 from lib.clients.outcomes import Outcome
 from lib.clients.resets import parse_retry_after, parse_rfc3339
 

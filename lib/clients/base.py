@@ -1,7 +1,7 @@
 """The HTTP client the third-party API clients share: one Session, the
 credential kept out of every error, capped bodies, redirects only within the
 API's origin, and each error answer turned into a typed error
-(lib/clients/errors.py) by the client's outcome table
+(lib/clients/api_errors.py) by the client's outcome table
 (lib/clients/outcomes.py).
 
 ``outcome()`` says what the queue does about an error, ``may_repeat()``
@@ -27,14 +27,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import unquote, urljoin, urlsplit
 
 from lib.clients import limits
-from lib.clients.errors import (
+from lib.clients.api_errors import (
     APIError,
     AuthError,
     BadInputError,
     InvalidArgument,
     NotConfigured,
     NotFoundError,
-    OutcomeUnknown,
     OverloadedError,
     RateLimitError,
     ServerError,
@@ -42,16 +41,13 @@ from lib.clients.errors import (
     scrubbed,
 )
 from lib.clients.outcomes import IDEMPOTENT_METHODS, Outcome, OutcomeTable, table_outcome
-from lib.clients.resets import MAX_WAIT, clamp_reset, parse_retry_after, utc_now
+from lib.clients.resets import clamp_reset, parse_retry_after, utc_now
 from lib.setup.redact import scrub
 
 if TYPE_CHECKING:
     # Imported when a client is built: a worker whose API queues are off
     # (no token) never loads requests and urllib3.
     import requests
-
-# The names the run pipeline imports from here (lib/run/api_queue.py).
-__all__ = ["MAX_WAIT", "APIClient", "InvalidArgument", "NotConfigured", "Outcome", "OutcomeUnknown"]
 
 log = logging.getLogger(__name__)
 

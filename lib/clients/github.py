@@ -8,8 +8,8 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import quote
 
+from lib.clients.api_errors import APIError, InvalidArgument, RateLimitError
 from lib.clients.base import APIClient
-from lib.clients.errors import APIError, InvalidArgument, RateLimitError
 from lib.clients.outcomes import SERVER_ERRORS, Outcome
 from lib.clients.resets import parse_epoch, parse_retry_after, reset_by_server_clock
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from lib.clients.api_errors import APIError, ServerError
 from lib.clients.base import APIClient
-from lib.clients.errors import APIError, ServerError
 from lib.clients.outcomes import IDEMPOTENT_METHODS, Outcome
 
 if TYPE_CHECKING:

@@ -23,7 +23,7 @@ import gevent
 import gevent.events
 from gevent._monitor import PeriodicMonitoringThread
 
-from lib.setup.errors import capture_message
+from lib.setup.error_reports import capture_message
 
 log = logging.getLogger("jobs.blocked")
 

@@ -19,7 +19,7 @@ import gevent
 import gevent.monkey
 from gevent.hub import Hub
 
-from lib.setup import errors
+from lib.setup import error_reports
 
 log = logging.getLogger("jobs.errors")
 
@@ -86,5 +86,5 @@ def send_from_hub() -> HubReports:
     """From now on, send every report made in a native thread from this
     thread's hub (the worker's: worker.run calls this before its parts start)."""
     reports = HubReports(gevent.get_hub())
-    errors.send_through(reports.hand_off)
+    error_reports.send_through(reports.hand_off)
     return reports

@@ -14,7 +14,7 @@ from gevent import Greenlet
 from gevent.event import Event
 from greenlet import GreenletExit
 
-from lib.setup.errors import Outage
+from lib.setup.error_reports import Outage
 
 log = logging.getLogger("jobs.supervise")
 

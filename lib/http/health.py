@@ -10,7 +10,7 @@ from gevent.event import Event
 
 from lib.setup.dsn import mask_secret
 from lib.setup.logs import one_line
-from lib.store.errors import is_server_error
+from lib.store.driver_errors import is_server_error
 from lib.store.migrate import migrations
 from lib.store.sql import Q
 

@@ -27,13 +27,13 @@ from gevent.pywsgi import LoggingLogAdapter
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
 from lib.http import metrics
-from lib.http.connections import HEAD_TIMEOUT, MAX_CONNECTIONS, CappedServer
+from lib.http.capped_server import HEAD_TIMEOUT, MAX_CONNECTIONS, CappedServer
 from lib.http.health import Health
 from lib.http.vitals import VitalsCollector
 from lib.http.web import App, Environ, Request, StartResponse, text
 from lib.operate import overview
-from lib.setup.errors import capture
-from lib.store.errors import PoolTimeout, is_outage
+from lib.setup.error_reports import capture
+from lib.store.driver_errors import PoolTimeout, is_outage
 
 log = logging.getLogger("jobs.http")
 

@@ -28,7 +28,7 @@ from prometheus_client.registry import Collector
 
 from lib.job import status as st
 from lib.setup import counters
-from lib.setup.errors import Outage
+from lib.setup.error_reports import Outage
 
 # Not lib.store.db: it calls in here where the pool's events happen, so the one
 # place that knows the driver's errors is handed in (registry's conn_failure).

@@ -17,7 +17,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from lib.http.metrics import Cached
-from lib.setup.errors import Outage
+from lib.setup.error_reports import Outage
 from lib.store import vitals
 from lib.store.vitals import Sightings, Vitals
 

@@ -2,7 +2,7 @@
 many, across every process that runs it. The claim decides (jobs_step_one,
 sql/rules/rates.sql) from a row of job_rates it locks, so starting more processes
 never raises the rate; queues that name one key share one rate. A worker
-declares its queues' rates at start (lib/operate/queue_state.py)."""
+declares its queues' rates at start (lib/run/rates.py)."""
 
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ from lib.insert import InvalidJob, insert
 from lib.job import status as st
 from lib.job.args import ArgsError, unmarshal_args
 from lib.operate import overview, queue_state
-from lib.operate.known_names import known_handled, not_known, unknown_names
+from lib.operate.known_names import not_known
 from lib.operate.overview import queue_stats, unrun_line, unrun_queues, workers
 from lib.operate.redrive import RedriveResult, redrive
 from lib.operate.tables import (
@@ -43,9 +43,6 @@ from lib.operate.tables import (
 from lib.setup.dsn import masked_dsn
 from lib.setup.logs import one_line
 from lib.store.sql import Q
-
-# worker.py dispatches to these through this module, as to every command.
-__all__ = ["known_handled", "unknown_names"]
 
 # What a job enqueued from the command line records as its writer.
 CLI_CALLSITE = "cli"

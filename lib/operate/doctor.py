@@ -16,7 +16,7 @@ from lib.background.horizon_watch import HELD_TOO_LONG
 from lib.operate import overview
 from lib.operate.tables import print_json
 from lib.setup.logs import one_line
-from lib.store.errors import is_database_error
+from lib.store.driver_errors import is_database_error
 from lib.store.vitals import Holder, Unowned, Vitals, read, unowned
 
 OK, WARNING, BAD = "ok", "warning", "bad"

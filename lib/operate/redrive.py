@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from lib.store.errors import is_unique_violation
+from lib.store.driver_errors import is_unique_violation
 from lib.store.sql import Q
 
 # A copy of a deduped job inserted while the redrive runs is seen only by the

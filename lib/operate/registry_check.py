@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from lib.job.args import ArgsError, unmarshal_args
-from lib.operate.python_writers import python_writers
-from lib.operate.sql_writers import sql_writers
-from lib.operate.writers import Writer, found
+from lib.operate.enqueue_sites import Writer, found
+from lib.operate.python_enqueue_sites import python_writers
+from lib.operate.sql_enqueue_sites import sql_writers
 
 
 @dataclass

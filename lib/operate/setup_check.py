@@ -18,7 +18,7 @@ from typing import Any
 
 from lib.background.clock import Scheduled, check_schedule
 from lib.job.rate import check_shared
-from lib.setup.settings import SettingError
+from lib.setup.parsers import SettingError
 from lib.store.db import DB
 
 # The library's own frames: a fault is placed at the line of the caller's code below them.

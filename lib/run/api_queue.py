@@ -19,20 +19,16 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from lib.clients import limits
-from lib.clients.base import (
-    MAX_WAIT,
-    APIClient,
-    InvalidArgument,
-    NotConfigured,
-    Outcome,
-    OutcomeUnknown,
-)
-from lib.greenlets.backoff import backoff
+from lib.clients.api_errors import InvalidArgument, NotConfigured, OutcomeUnknown
+from lib.clients.base import APIClient
+from lib.clients.outcomes import Outcome
+from lib.clients.resets import MAX_WAIT
 from lib.job import Handler, PendingJob, Snooze, status
 from lib.job.text import describe
 from lib.run.queue import AUTH_PREFIX, Queue
-from lib.setup.errors import Outage, capture, reported
+from lib.setup.error_reports import Outage, capture, reported
 from lib.store.db import DB
+from lib.store.retry_backoff import backoff
 from lib.store.sql import Q
 
 log = logging.getLogger("jobs.api")

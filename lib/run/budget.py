@@ -11,7 +11,7 @@ from typing import Any
 
 from lib.job.job import PendingJob
 from lib.job.rate import Budget, budget_key
-from lib.store.errors import is_database_error
+from lib.store.driver_errors import is_database_error
 from lib.store.sql import Q
 
 log = logging.getLogger("jobs")

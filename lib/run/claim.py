@@ -13,10 +13,10 @@ from lib.background.leases import Leases
 from lib.insert import MAX_ARGS_BYTES, oversize
 from lib.job import PendingJob
 from lib.job import status as st
-from lib.run.completer import Completer
-from lib.setup.errors import capture
+from lib.setup.error_reports import capture
 from lib.store.db import DB
-from lib.store.errors import is_data_error, is_server_error, is_unique_violation
+from lib.store.driver_errors import is_data_error, is_server_error, is_unique_violation
+from lib.store.group_commit import Committer
 from lib.store.sql import Q
 
 log = logging.getLogger("jobs")
@@ -40,7 +40,7 @@ class RollbackProbe(Exception):
 
 
 class Claimer:
-    def __init__(self, queue: str, db: DB, completer: Completer, leases: Leases, *, max_attempts: int) -> None:
+    def __init__(self, queue: str, db: DB, completer: Committer, leases: Leases, *, max_attempts: int) -> None:
         self.queue = queue
         self.db = db
         self.completer = completer

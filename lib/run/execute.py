@@ -35,7 +35,7 @@ from lib.run.outcome import (
     UnknownName,
 )
 from lib.store.db import DB
-from lib.store.errors import is_database_error
+from lib.store.driver_errors import is_database_error
 
 log = logging.getLogger("jobs")
 

@@ -10,13 +10,13 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from lib.background.leases import LeaseLost
-from lib.greenlets.backoff import BASE_SECONDS as RETRY_BASE_SECONDS
-from lib.greenlets.backoff import backoff
 from lib.job import PendingJob, Snooze
 from lib.job import status as st
 from lib.job.text import describe
-from lib.setup.errors import capture, configured_secrets, reporting, traceback_text
+from lib.setup.error_reports import capture, configured_secrets, reporting, traceback_text
 from lib.setup.redact import scrub
+from lib.store.retry_backoff import BASE_SECONDS as RETRY_BASE_SECONDS
+from lib.store.retry_backoff import backoff
 
 log = logging.getLogger("jobs")
 
@@ -87,7 +87,7 @@ class Outcome:
     error: BaseException | None = None
     retry_in: float | None = None  # seconds until the retry, when one is due
     counted: bool = True  # whether this attempt counts against max_attempts
-    traceback: str | None = None  # the error's, bounded (lib.setup.errors.traceback_text)
+    traceback: str | None = None  # the error's, bounded (lib.setup.error_reports.traceback_text)
     hold: float = 0.0  # seconds the queue takes no job after this one, in every process
 
     @property

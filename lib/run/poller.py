@@ -13,7 +13,6 @@ from typing import NamedTuple
 import gevent
 from gevent.event import Event
 
-from lib.greenlets.backoff import Backoff
 from lib.job import PendingJob, Throttle, real_seconds
 from lib.job import status as st
 from lib.job.rate import limits_key
@@ -27,9 +26,10 @@ from lib.run.release import Releaser
 from lib.run.runtime import Runtime
 from lib.run.write import Writer
 from lib.setup import counters
-from lib.setup.errors import Outage, capture
+from lib.setup.error_reports import Outage, capture
 from lib.store.db import DB
-from lib.store.errors import is_database_error, is_outage, is_server_error
+from lib.store.driver_errors import is_database_error, is_outage, is_server_error
+from lib.store.retry_backoff import Backoff
 
 log = logging.getLogger("jobs")
 

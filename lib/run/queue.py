@@ -8,10 +8,10 @@ from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
-from lib.greenlets.backoff import BASE_SECONDS as RETRY_BASE_SECONDS
 from lib.insert import check_name
 from lib.job import Handler, Throttle
 from lib.job.rate import Budget, Rate, limits_key
+from lib.store.retry_backoff import BASE_SECONDS as RETRY_BASE_SECONDS
 
 # The reason of the pause the worker takes by itself after an API rejected a
 # token begins so; a worker that starts (after the token was fixed) ends them.

@@ -13,9 +13,9 @@ from collections.abc import Callable
 import gevent
 from gevent.event import Event
 
-from lib.setup.errors import Outage
+from lib.setup.error_reports import Outage
 from lib.store.db import DB
-from lib.store.errors import is_database_error
+from lib.store.driver_errors import is_database_error
 from lib.store.sql import Q
 
 log = logging.getLogger("jobs.recovery")

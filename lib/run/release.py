@@ -9,7 +9,7 @@ import logging
 from lib.background.leases import Leases
 from lib.job import PendingJob
 from lib.store.db import DB
-from lib.store.errors import is_database_error
+from lib.store.driver_errors import is_database_error
 from lib.store.sql import Q
 
 log = logging.getLogger("jobs")

@@ -8,8 +8,7 @@ from dataclasses import dataclass, field
 
 from lib.background.leases import Leases
 from lib.greenlets.kills import Kills
-from lib.run.completer import Completer
-from lib.setup.errors import Outage
+from lib.setup.error_reports import Outage
 from lib.store.db import DB
 from lib.store.group_commit import Committer
 
@@ -17,7 +16,9 @@ from lib.store.group_commit import Committer
 @dataclass(frozen=True)
 class Runtime:
     leases: Leases
-    completer: Completer
+    # What the write and claim stages hand their asks to: an outcome to
+    # write, a claim to make, or both in one round trip and one commit.
+    completer: Committer
     # One report for an outage of the database, whichever part meets it;
     # None: each poller reports its own.
     outage: Outage | None = None

@@ -13,15 +13,15 @@ from typing import Any
 import gevent
 
 from lib.background.leases import Leases
-from lib.greenlets.backoff import Backoff
 from lib.greenlets.kills import Kills
 from lib.job import PendingJob
 from lib.job import status as st
 from lib.run.claim import Claimer, ClaimResult, claimed
-from lib.run.completer import Completer
 from lib.run.outcome import Outcome
-from lib.setup.errors import Outage, capture, capture_message
-from lib.store.errors import Unsendable, is_data_error, is_outage, is_server_error
+from lib.setup.error_reports import Outage, capture, capture_message
+from lib.store.driver_errors import Unsendable, is_data_error, is_outage, is_server_error
+from lib.store.group_commit import Committer
+from lib.store.retry_backoff import Backoff
 
 log = logging.getLogger("jobs")
 
@@ -35,7 +35,7 @@ class Writer:
     def __init__(
         self,
         queue: str,
-        completer: Completer,
+        completer: Committer,
         claimer: Claimer,
         leases: Leases,
         *,

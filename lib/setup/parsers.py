@@ -40,7 +40,7 @@ Parse = Callable[[str | None, str, Any], Any]
 def setting(env: str, default: Any, parse: Parse, *, secret: bool = False, dsn: bool = False) -> Any:
     """A field of Settings, read from the variable env by parse. secret: the
     whole value is one (masked in repr, and in every event and log line by
-    lib.setup.errors); dsn: a database URL, whose password is."""
+    lib.setup.error_reports); dsn: a database URL, whose password is."""
     return field(default=default, metadata={"env": env, "parse": parse, "secret": secret, "dsn": dsn})
 
 
@@ -207,7 +207,7 @@ def _loopback(host: str) -> bool:
 def parse_sentry_dsn(text: str | None, name: str, default: str | None) -> str | None:
     """A Sentry DSN (https://KEY@HOST/PROJECT_ID), checked as sentry-sdk
     would at init (a traceback then) without importing it here: a plain
-    program reading the settings (lib.setup.connect) need not load it."""
+    program reading the settings (lib.setup.plain_connection) need not load it."""
     value = (text or "").strip()
     if not value:
         return default
@@ -238,7 +238,7 @@ def check_dsn(dsn: str, name: str = "DATABASE_URL") -> None:
     masked (libpq quotes the bad part, which may be the password itself), and
     a value that is not a URL at all is not quoted: it may be a password
     pasted into the wrong variable."""
-    import psycopg2.extensions  # here: lib.setup.errors reads dsn_secrets without a database driver
+    import psycopg2.extensions  # here: lib.setup.error_reports reads dsn_secrets without a database driver
 
     is_url = URL_SCHEME.match(dsn.strip()) is not None
     try:

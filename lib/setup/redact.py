@@ -1,7 +1,7 @@
 """Take known secrets out of text, in each form text shows them in.
 
 Pure and dependency-free: the API clients scrub their own token with it, and
-lib/setup/errors.py masks Sentry events with it, without importing each other.
+lib/setup/error_reports.py masks Sentry events with it, without importing each other.
 """
 
 from __future__ import annotations

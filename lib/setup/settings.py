@@ -1,5 +1,5 @@
 """The worker's settings, read from the environment once (in worker.main, and
-by lib.setup.connect for a plain program), each checked when it is read, so a bad
+by lib.setup.plain_connection for a plain program), each checked when it is read, so a bad
 value stops the worker with one clear line instead of a traceback at the first
 job. Nothing else reads the environment: the settings are passed down to what
 needs them. A malformed DATABASE_URL is named with its password masked: the
@@ -22,7 +22,6 @@ from typing import Any
 from lib.setup.dsn import masked_dsn
 from lib.setup.parsers import (
     DEFAULT_HTTP_ADDR,
-    SettingError,
     admin_token,
     http_addr,
     one_of,
@@ -38,9 +37,6 @@ from lib.setup.parsers import (
     whole,
 )
 from lib.setup.redact import REDACTED
-
-# SettingError is the settings' error: every reader of them imports it from here.
-__all__ = ["ENV", "SettingError", "Settings"]
 
 DEFAULT_SHUTDOWN_WINDOW = 30.0
 DEFAULT_LEASE_SECONDS = 30.0
@@ -135,7 +131,7 @@ class Settings:
     @classmethod
     def from_environ(cls) -> Settings:
         """The settings of this process's environment: the one read of
-        os.environ for them (worker.main, lib.setup.connect)."""
+        os.environ for them (worker.main, lib.setup.plain_connection)."""
         return cls.from_env(os.environ)
 
     def secrets(self) -> list[str]:

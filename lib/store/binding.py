@@ -11,7 +11,7 @@ from typing import Any
 import psycopg2
 import psycopg2.extensions
 
-from lib.store.errors import Unsendable
+from lib.store.driver_errors import Unsendable
 from lib.store.sql import STATEMENTS
 
 Params = dict[str, Any] | Sequence[Any] | None

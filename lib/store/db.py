@@ -1,7 +1,7 @@
 """A small psycopg2 connection pool, cooperative under gevent.
 
-Driver errors are classified in lib.store.errors (is_conn_failure() and the
-rest), connections are made and waited on in lib.store.connections, and
+Driver errors are classified in lib.store.driver_errors (is_conn_failure() and the
+rest), connections are made and waited on in lib.store.pool_connections, and
 statements are bound to their values in lib.store.binding.
 """
 
@@ -21,8 +21,8 @@ import psycopg2.extensions
 
 from lib.setup import counters
 from lib.store.binding import Params, Row, bind
-from lib.store.connections import call_later, connect_options, install_gevent_wait, pool_semaphore, readable_now
-from lib.store.errors import PoolTimeout, is_read_only, is_server_error
+from lib.store.driver_errors import PoolTimeout, is_read_only, is_server_error
+from lib.store.pool_connections import call_later, connect_options, install_gevent_wait, pool_semaphore, readable_now
 from lib.store.sql import Q
 
 log = logging.getLogger("jobs.db")

@@ -34,7 +34,7 @@ from lib.greenlets.deadline import Deadline, Expired
 from lib.greenlets.standby import Standby
 from lib.store.binding import Row, array_text
 from lib.store.db import DB
-from lib.store.errors import NoReply, Unsendable, is_outage, is_server_error
+from lib.store.driver_errors import NoReply, Unsendable, is_outage, is_server_error
 from lib.store.sql import Q
 
 log = logging.getLogger("jobs.commit")

@@ -22,11 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from lib.greenlets.backoff import Backoff
 from lib.store.db import DB, Tx
-from lib.store.errors import is_lock_timeout
+from lib.store.driver_errors import is_lock_timeout
 from lib.store.migration_lock import MigrationsLock
 from lib.store.migration_steps import Kind, Step, check_one_transaction, in_steps, read_steps
+from lib.store.retry_backoff import Backoff
 from lib.store.sql import MIGRATIONS_DIR, SQL_DIR, Q
 
 log = logging.getLogger("jobs.migrate")

@@ -27,9 +27,9 @@ from typing import Any
 
 import psycopg2.extensions
 
-from lib.greenlets.backoff import Backoff
 from lib.store.db import DB
-from lib.store.errors import is_database_error
+from lib.store.driver_errors import is_database_error
+from lib.store.retry_backoff import Backoff
 
 log = logging.getLogger("jobs.migrate")
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from lib.store.errors import is_lock_timeout
+from lib.store.driver_errors import is_lock_timeout
 from lib.store.sql import SQL_DIR, Q
 
 # The open transactions read, oldest first: the oldest holds the horizon, and

@@ -16,9 +16,9 @@ import psycopg2.extensions
 from gevent.event import Event
 from gevent.select import select
 
-from lib.greenlets.backoff import Backoff
-from lib.setup.errors import Outage
-from lib.store.connections import behind_pooler, connect_options
+from lib.setup.error_reports import Outage
+from lib.store.pool_connections import behind_pooler, connect_options
+from lib.store.retry_backoff import Backoff
 
 log = logging.getLogger("jobs.wakeups")
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lib.clients import ApolloClient
-from lib.clients.errors import BadInputError, NotFoundError
+from lib.clients.api_errors import BadInputError, NotFoundError
 from lib.job import Budget, PendingJob, status
 from lib.job.args import unmarshal_args
 from lib.run.api_queue import make_api_worker, throttle_for

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lib.clients import GitHubClient
-from lib.clients.errors import NotFoundError
+from lib.clients.api_errors import NotFoundError
 from lib.job import Budget, PendingJob, status
 from lib.job.args import unmarshal_args
 from lib.run.api_queue import make_api_worker, throttle_for

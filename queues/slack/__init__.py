@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lib.clients import SlackClient
-from lib.clients.errors import BadInputError, OutcomeUnknown
+from lib.clients.api_errors import BadInputError, OutcomeUnknown
 from lib.job import PendingJob, status
 from lib.job.args import unmarshal_args
 from lib.run.api_queue import make_api_worker, throttle_for

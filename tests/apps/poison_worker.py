@@ -25,7 +25,7 @@ import worker  # noqa: E402
 from lib.job import PendingJob, status  # noqa: E402
 from lib.job.args import unmarshal_args  # noqa: E402
 from lib.run.queue import Queue  # noqa: E402
-from lib.setup import errors  # noqa: E402
+from lib.setup import error_reports  # noqa: E402
 from lib.store.db import DB  # noqa: E402
 
 
@@ -69,5 +69,5 @@ def make_poison(db: DB) -> Queue:
 
 
 if __name__ == "__main__":
-    errors.init("http://public@127.0.0.1:9/1", transport=FileTransport())
+    error_reports.init("http://public@127.0.0.1:9/1", transport=FileTransport())
     sys.exit(worker.main([make_poison]))

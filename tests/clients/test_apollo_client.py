@@ -8,8 +8,8 @@ import pytest
 
 import queues.apollo
 from lib.clients import APIError, ApolloClient, AuthError, NotFoundError, RateLimitError, ServerError
+from lib.clients.api_errors import BadInputError
 from lib.clients.apollo import OUTCOMES
-from lib.clients.errors import BadInputError
 from lib.clients.outcomes import Outcome, table_text
 
 ORGANIZATION = {

@@ -205,7 +205,7 @@ def test_github_502_is_retried_counted_and_reported_once_per_run(
 
 
 def test_github_transient_backoff_grows_with_jitter(db: Any, clean: None, fake_api: Any) -> None:
-    """The waits are lib.greenlets.backoff.backoff of the try, from 10 s: [5, 10), then [10, 20)."""
+    """The waits are lib.store.retry_backoff.backoff of the try, from 10 s: [5, 10), then [10, 20)."""
     worker = _github(db, fake_api)
     insert(db, "github", "github.FetchUser", {"login": "octocat"})
     fake_api.reply(503, {"message": "Service Unavailable"})

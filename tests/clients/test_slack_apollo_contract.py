@@ -18,7 +18,7 @@ from tests_support import make_poller, paused
 
 from lib.clients import ApolloClient, Outcome, SlackClient
 from lib.clients import slack as slack_client
-from lib.clients.errors import OutcomeUnknown
+from lib.clients.api_errors import OutcomeUnknown
 from lib.insert import insert
 from lib.job import PendingJob
 from lib.job import status as st

@@ -8,7 +8,7 @@ import pytest
 
 import queues.slack
 from lib.clients import APIError, AuthError, RateLimitError, ServerError, SlackClient
-from lib.clients.errors import BadInputError
+from lib.clients.api_errors import BadInputError
 from lib.clients.outcomes import Outcome, table_text
 from lib.clients.slack import OUTCOMES, SlackCodeError
 

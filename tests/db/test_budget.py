@@ -13,9 +13,9 @@ from tests_support import make_poller
 from lib.insert import insert
 from lib.job import Budget, Rate
 from lib.operate import setup_check
-from lib.operate.queue_state import declare_rate
 from lib.run.queue import Queue
-from lib.setup.settings import SettingError
+from lib.run.rates import declare_rate
+from lib.setup.parsers import SettingError
 from lib.store.db import DB
 from lib.store.group_commit import Ask, batch_step, lone_step
 

@@ -15,7 +15,7 @@ from lib.background import clock
 from lib.background.clock import Clock, Scheduled
 from lib.background.db_time import DatabaseTime
 from lib.store.db import DB
-from lib.store.errors import is_conn_failure
+from lib.store.driver_errors import is_conn_failure
 
 
 def database_clock(db: DB) -> datetime:

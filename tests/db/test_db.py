@@ -8,9 +8,9 @@ import psycopg2
 import pytest
 from gevent.server import StreamServer
 
-from lib.store.connections import connect_options
 from lib.store.db import DB
-from lib.store.errors import PoolTimeout, is_conn_failure, is_outage
+from lib.store.driver_errors import PoolTimeout, is_conn_failure, is_outage
+from lib.store.pool_connections import connect_options
 
 
 def _wait_for(predicate, timeout: float = 10.0) -> None:

@@ -10,7 +10,7 @@ from tests_support import make_poller, updates_held, wait_for, waiting_on
 from lib.greenlets.deadline import Deadline, Expired
 from lib.insert import insert
 from lib.run.outcome import Outcome
-from lib.store.errors import NoReply
+from lib.store.driver_errors import NoReply
 from lib.store.group_commit import Committer
 
 # The advisory lock key of this module's gate (tests_support.updates_held).

@@ -22,7 +22,7 @@ from lib.setup.settings import Settings
 from lib.store import group_commit
 from lib.store.binding import array_text
 from lib.store.db import DB
-from lib.store.errors import NoReply
+from lib.store.driver_errors import NoReply
 from lib.store.group_commit import Ask, lone_step
 from lib.store.wakeups import Listener
 

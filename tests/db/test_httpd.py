@@ -22,8 +22,8 @@ from lib.http.health import Health
 from lib.http.httpd import HttpServer, make_app
 from lib.insert import insert
 from lib.run.queue import Queue
-from lib.setup.parsers import http_addr
-from lib.setup.settings import SettingError, Settings
+from lib.setup.parsers import SettingError, http_addr
+from lib.setup.settings import Settings
 from lib.store.db import DB
 from lib.store.migrate import migrate
 from lib.store.wakeups import Listener

@@ -26,7 +26,7 @@ from lib.job import Snooze
 from lib.operate import overview
 from lib.operate.queue_state import pause
 from lib.store.db import DB
-from lib.store.errors import is_conn_failure
+from lib.store.driver_errors import is_conn_failure
 from lib.store.sql import STATEMENTS, Q, statement
 from lib.store.wakeups import Listener
 

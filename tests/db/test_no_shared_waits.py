@@ -25,9 +25,9 @@ from lib.job import status as st
 from lib.run.outcome import Outcome
 from lib.run.poller import Poller
 from lib.run.runtime import Runtime
-from lib.store.connections import deadline_connection
 from lib.store.db import DB
-from lib.store.errors import Unsendable
+from lib.store.driver_errors import Unsendable
+from lib.store.pool_connections import deadline_connection
 
 # A native thread, as the lease renewal's (threading's is a greenlet once patched).
 _start_thread = monkey.get_original("_thread", "start_new_thread")

@@ -7,7 +7,7 @@ from tests_support import count_jobs, make_poller, read_until, start_worker, wai
 
 from lib.insert import insert
 from lib.run.runtime import Runtime
-from lib.setup.errors import Outage
+from lib.setup.error_reports import Outage
 from lib.store.db import DB
 
 

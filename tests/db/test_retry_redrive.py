@@ -6,10 +6,10 @@ import pytest
 from factory import make_job, make_jobs, read_job
 from tests_support import make_poller, wait_for
 
-from lib.greenlets.backoff import CAP_SECONDS, Backoff, backoff
 from lib.insert import insert
 from lib.operate.redrive import redrive
 from lib.store.db import DB
+from lib.store.retry_backoff import CAP_SECONDS, Backoff, backoff
 from lib.store.sql import Q
 
 

@@ -17,7 +17,7 @@ from lib.background.clock import Clock, Scheduled
 from lib.insert import insert
 from lib.job import status as st
 from lib.store.db import DB
-from lib.store.errors import PoolTimeout
+from lib.store.driver_errors import PoolTimeout
 from lib.store.sql import Q
 
 # The advisory lock a test's trigger waits on. Advisory locks belong to one

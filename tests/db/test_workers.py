@@ -17,7 +17,8 @@ from lib.background.leases import Leases
 from lib.insert import insert
 from lib.operate import overview
 from lib.run.queue import Queue
-from lib.setup.settings import SettingError, Settings
+from lib.setup.parsers import SettingError
+from lib.setup.settings import Settings
 from queues import maintenance
 
 

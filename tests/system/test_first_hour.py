@@ -33,7 +33,7 @@ from lib.insert import insert
 from lib.operate.registry_check import schedule_args_problems
 from lib.operate.setup_check import defined, unconnected
 from lib.setup import embedded
-from lib.setup.errors import MAX_TRACEBACK_BYTES
+from lib.setup.error_reports import MAX_TRACEBACK_BYTES
 from queues import REGISTRY
 from tests.tests_support import wait_for
 
@@ -157,7 +157,7 @@ def project(tmp_path: Path) -> Path:
 
 def make_app_venv(where: Path) -> Path:
     """A fresh virtualenv of an application (no system site-packages) with
-    the driver lib.setup.connect uses; returns its python."""
+    the driver lib.setup.plain_connection uses; returns its python."""
     venv.create(where, with_pip=True)
     python = where / "bin" / "python"
     pin = re.search(r"^psycopg2-binary==\S+", (ROOT / "requirements.txt").read_text(), re.MULTILINE)
@@ -477,7 +477,7 @@ def test_args_of_a_wrapped_handler_are_checked_too():
 
 
 def test_connect_without_database_url_starts_and_holds_the_embedded_server():
-    """With no DATABASE_URL, lib.setup.connect reaches the worker's embedded server
+    """With no DATABASE_URL, lib.setup.plain_connection reaches the worker's embedded server
     (starting it, as no worker runs), holds it while the program runs, and
     the server stops once the program, its last user, exits."""
     # Not tmp_path: as root the server runs as postgres, which must enter the folders above it.
@@ -486,7 +486,7 @@ def test_connect_without_database_url_starts_and_holds_the_embedded_server():
     data_dir = base / "pgdata"
     code = (
         "import sys\n"
-        "from lib.setup.connect import connect\n"
+        "from lib.setup.plain_connection import connect\n"
         "conn = connect()\n"
         "with conn, conn.cursor() as cur:\n"
         "    cur.execute('SELECT 41 + 1')\n"

@@ -13,8 +13,8 @@ from tests_support import ROOT, make_poller, wait_for
 
 from lib.insert import insert
 from lib.setup.dsn import dsn_password, masked_dsn
-from lib.setup.parsers import check_dsn
-from lib.setup.settings import SettingError, Settings
+from lib.setup.parsers import SettingError, check_dsn
+from lib.setup.settings import Settings
 
 SECRET = "SEKRET-pw-4711"
 
@@ -246,7 +246,7 @@ def test_a_log_line_and_its_traceback_are_masked_of_the_secrets(fmt):
 
 
 def test_lib_connect_refuses_a_malformed_database_url_without_showing_its_password(monkeypatch):
-    from lib.setup.connect import connect
+    from lib.setup.plain_connection import connect
 
     monkeypatch.setenv("DATABASE_URL", f"postgresql://postgres:ab%zz{SECRET}@127.0.0.1:5432/postgres")
     with pytest.raises(SettingError) as refused:

@@ -73,8 +73,8 @@ INSERT_IMPORTS = frozenset({"lib.store.sql"})
 # (the engine package, or the module of lib), with what it is there for.
 BREAKS: dict[tuple[str, str], str] = {
     ("lib/setup/embedded/__init__.py", "lib.store.sql"): "the repository root, for the embedded server's data folder",
-    ("lib/setup/connect.py", "psycopg2"): "a plain psycopg2 connection for scripts, outside the pool",
-    ("lib/setup/errors.py", "psycopg2"): "parse_dsn, to mask the password of a database URL",
+    ("lib/setup/plain_connection.py", "psycopg2"): "a plain psycopg2 connection for scripts, outside the pool",
+    ("lib/setup/error_reports.py", "psycopg2"): "parse_dsn, to mask the password of a database URL",
     ("lib/setup/parsers.py", "psycopg2"): "parse_dsn, to check DATABASE_URL when the settings are read",
     ("lib/setup/dsn.py", "psycopg2"): "parse_dsn, to find the password of a database URL",
     ("lib/background/leases.py", "psycopg2"): "the heartbeat's own connection, in a native thread",

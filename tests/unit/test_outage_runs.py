@@ -3,8 +3,8 @@ a part's success in the middle of it does not end (quiet)."""
 
 import logging
 
-from lib.setup import errors
-from lib.setup.errors import Outage
+from lib.setup import error_reports
+from lib.setup.error_reports import Outage
 
 
 class Clock:
@@ -61,4 +61,4 @@ def test_without_quiet_a_success_ends_the_run(sentry_events):
     assert not outage.failing
     outage.failed(OSError("down again"))
     assert len(sentry_events) == 2
-    assert errors.SAY_EVERY == 60.0
+    assert error_reports.SAY_EVERY == 60.0

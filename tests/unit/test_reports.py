@@ -14,8 +14,8 @@ from gevent.event import Event
 from sentry_sdk.transport import Transport
 
 from lib.greenlets import reports
-from lib.setup import errors
-from lib.setup.errors import Outage
+from lib.setup import error_reports
+from lib.setup.error_reports import Outage
 
 _start_thread = gevent.monkey.get_original("_thread", "start_new_thread")
 _native_lock = gevent.monkey.get_original("_thread", "allocate_lock")
@@ -52,11 +52,11 @@ def sent() -> Iterator[ThreadNotingTransport]:
     """sentry-sdk on a noting transport, and reports of native threads handed
     to this thread's hub, as worker.run has them."""
     transport = ThreadNotingTransport()
-    errors.init("http://public@127.0.0.1:9/1", transport=transport)
+    error_reports.init("http://public@127.0.0.1:9/1", transport=transport)
     reports.send_from_hub()
     yield transport
     transport.go_on.set()
-    errors.send_through(None)
+    error_reports.send_through(None)
     sentry_sdk.get_client().close()
     sentry_sdk.init()
 
@@ -107,18 +107,18 @@ def test_an_outage_met_in_a_native_thread_is_reported_once_from_the_hubs_thread(
 
 
 def test_a_report_made_on_the_hub_is_sent_there_at_once(sent):
-    errors.capture(RuntimeError("from a greenlet"))
+    error_reports.capture(RuntimeError("from a greenlet"))
     assert sent.events == [("from a greenlet", _thread_ident())]
 
 
 def test_a_report_that_hangs_or_fails_holds_no_later_report(sent):
     def three_reports() -> None:
-        errors.capture(RuntimeError("hangs: the transport stalls"))
-        errors.capture(RuntimeError("fails: the transport is down"))
-        errors.capture_message("after both, from the same thread")
+        error_reports.capture(RuntimeError("hangs: the transport stalls"))
+        error_reports.capture(RuntimeError("fails: the transport is down"))
+        error_reports.capture_message("after both, from the same thread")
 
     in_native_thread(three_reports)
-    errors.capture(RuntimeError("after both, from a greenlet"))
+    error_reports.capture(RuntimeError("after both, from a greenlet"))
     assert sorted(wait_for_events(sent, 2)) == ["after both, from a greenlet", "after both, from the same thread"]
     sent.go_on.set()
     assert wait_for_events(sent, 3)[-1] == "hangs: the transport stalls"
@@ -127,7 +127,7 @@ def test_a_report_that_hangs_or_fails_holds_no_later_report(sent):
 def test_reports_past_the_most_that_wait_for_a_held_hub_are_dropped(sent):
     def many() -> None:
         for n in range(reports.MOST_WAITING + 5):
-            errors.capture(RuntimeError(f"report {n}"))
+            error_reports.capture(RuntimeError(f"report {n}"))
 
     in_native_thread(many)
     assert len(wait_for_events(sent, reports.MOST_WAITING)) == reports.MOST_WAITING

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from lib.clients import AnthropicClient, ApolloClient, GitHubClient, SlackClient
+from lib.setup.parsers import SettingError
 from lib.setup.redact import REDACTED
-from lib.setup.settings import ENV, SettingError, Settings
+from lib.setup.settings import ENV, Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 CLIENTS = [GitHubClient, SlackClient, AnthropicClient, ApolloClient]
@@ -80,7 +81,7 @@ def _sources() -> list[Path]:
 def test_nothing_in_lib_or_queues_reads_the_environment_but_lib_settings():
     """The settings are read once, and passed down; a module reading a
     variable of its own would dodge the check at start (and the README's
-    table). lib/store/connections.py's one exception reads libpq's own variables, commented."""
+    table). lib/store/pool_connections.py's one exception reads libpq's own variables, commented."""
     assert len(_sources()) > 20, "the scan found too few modules to be looking in the right place"
     found = []
     for path in _sources():
@@ -92,7 +93,7 @@ def test_nothing_in_lib_or_queues_reads_the_environment_but_lib_settings():
             if not ENVIRON.search(line):
                 continue
             allowed = (
-                name == "lib/store/connections.py"
+                name == "lib/store/pool_connections.py"
                 and line.strip() == "return os.environ.get(name)"
                 and "libpq's own variables, not ours" in lines[number - 2]
             )

@@ -51,7 +51,7 @@ from lib.http.admin.render import (
 from lib.http.admin.session import BUSY, COOKIE, SESSION_SECONDS, Sessions, busy_headers
 from lib.http.web import BadRequest, Environ, Request, Response, StartResponse, redirect, text
 from lib.operate import overview
-from lib.store.errors import is_lock_timeout
+from lib.store.driver_errors import is_lock_timeout
 from lib.store.sql import Q
 
 log = logging.getLogger("jobs.admin")

@@ -8,7 +8,7 @@ from typing import Any
 
 from lib.operate import doctor
 from lib.setup.logs import one_line
-from lib.store.errors import is_database_error, is_outage
+from lib.store.driver_errors import is_database_error, is_outage
 
 # Each verdict's badge, in the page's colours for a finished job's kinds.
 BADGES = {doctor.OK: "kind-ok", doctor.WARNING: "kind-retrying", doctor.BAD: "kind-err"}

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import gevent
 from gevent.lock import Semaphore
 
-from lib.http.connections import MAX_CONNECTIONS
+from lib.http.capped_server import MAX_CONNECTIONS
 
 log = logging.getLogger("jobs.admin")
 

@@ -15,12 +15,12 @@ from lib.http.admin.jobs import state_of
 from lib.job import status as st
 from lib.operate import overview
 from lib.operate.redrive import redrive
-from lib.setup.errors import configured_secrets
+from lib.setup.error_reports import configured_secrets
 from lib.setup.redact import REDACTED, scrub
 from lib.store.sql import Q
 
 # The settings name their secret values (JOBS_ADMIN_TOKEN, the API tokens:
-# lib.setup.errors masks those everywhere), but no args keys; so the value of
+# lib.setup.error_reports masks those everywhere), but no args keys; so the value of
 # any key whose name holds one of these words is masked as well, at any depth.
 SECRET_WORDS = ("token", "secret", "password", "key")
 

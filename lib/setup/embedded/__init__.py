@@ -50,7 +50,7 @@ from lib.store.sql import ROOT
 if TYPE_CHECKING:
     from lib.setup.settings import Settings
 
-__all__ = ["DEFAULT_DIR", "binaries", "database_url", "start", "stop"]
+__all__ = ["DEFAULT_DIR", "database_url", "start", "stop"]
 
 log = logging.getLogger("jobs.embedded")
 

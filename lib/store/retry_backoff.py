@@ -1,5 +1,8 @@
 """Backoff between attempts: of a failed job (a pure function of the
-attempt), and of the loops that retry until the database answers again."""
+attempt), and of the loops that retry until the database answers again.
+Both retry against the database (a failed job's next try is a later run_at
+on its row), so it sits in the store, where the store's own loops (the
+listener, the migration lock) reach it too."""
 
 from __future__ import annotations
 

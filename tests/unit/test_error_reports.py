@@ -7,7 +7,7 @@ import sentry_sdk
 from tests_support import run_python
 
 from lib.job.text import describe
-from lib.setup import errors
+from lib.setup import error_reports
 from lib.setup.settings import Settings
 
 SECRETS = {
@@ -33,8 +33,8 @@ def test_before_send_masks_the_configured_secrets_everywhere(sentry_events, sett
             except ValueError as inner:
                 raise RuntimeError(f"boom {everything}") from inner
         except RuntimeError as exc:
-            errors.capture(exc, message=f"what: {everything}", token=SECRETS["SLACK_BOT_TOKEN"])
-    errors.capture_message(f"said: {everything}", key=SECRETS["ANTHROPIC_API_KEY"])
+            error_reports.capture(exc, message=f"what: {everything}", token=SECRETS["SLACK_BOT_TOKEN"])
+    error_reports.capture_message(f"said: {everything}", key=SECRETS["ANTHROPIC_API_KEY"])
 
     assert len(sentry_events) == 2
     dump = json.dumps(sentry_events)
@@ -49,7 +49,7 @@ def test_the_secrets_are_the_settings_tokens_and_database_passwords(settings_of)
     env = {var: f" {value}\n" for var, value in SECRETS.items()}  # the settings strip them
     settings_of({**env, "DATABASE_URL": "postgresql://jobs:p%40ss%2Fword@db.example/jobs"})
     # What every event, stored traceback and job status is masked of from now on.
-    found = errors.configured_secrets()
+    found = error_reports.configured_secrets()
     assert set(SECRETS.values()) <= set(found)
     # As libpq reads it, and as written in the URL.
     assert {"p@ss/word", "p%40ss%2Fword"} <= set(found)
@@ -60,11 +60,11 @@ def test_the_secrets_are_the_settings_tokens_and_database_passwords(settings_of)
         # A URL no parser accepts (urlsplit and libpq refuse it) still has its password found.
         f"postgresql://jobs:{DB_PASSWORD}@[::1/jobs",
     ):
-        assert DB_PASSWORD in errors.settings_secrets(Settings(database_url=url)), url
-    assert DB_PASSWORD in errors.settings_secrets(Settings(direct_url=f"postgresql://u:{DB_PASSWORD}@h/db"))
+        assert DB_PASSWORD in error_reports.settings_secrets(Settings(database_url=url)), url
+    assert DB_PASSWORD in error_reports.settings_secrets(Settings(direct_url=f"postgresql://u:{DB_PASSWORD}@h/db"))
     admin = "admin-SEKRET-" + "x" * 16
-    assert errors.settings_secrets(Settings(admin_token=admin)) == [admin]
-    assert errors.settings_secrets(Settings()) == []
+    assert error_reports.settings_secrets(Settings(admin_token=admin)) == [admin]
+    assert error_reports.settings_secrets(Settings()) == []
 
 
 def test_mask_walks_every_container_and_leaves_the_rest():
@@ -74,7 +74,7 @@ def test_mask_walks_every_container_and_leaves_the_rest():
         "nested": {"sekret-TOKEN-1234": {"deep": "'sekret-TOKEN-1234'"}},
         "level": "error",
     }
-    assert errors.mask(event, ["sekret-TOKEN-1234"]) == {
+    assert error_reports.mask(event, ["sekret-TOKEN-1234"]) == {
         "message": "a [redacted] b",
         "list": [1, None, ("x", "[redacted]")],
         "nested": {"[redacted]": {"deep": "'[redacted]'"}},
@@ -85,10 +85,10 @@ def test_mask_walks_every_container_and_leaves_the_rest():
 _WITHOUT_GEVENT = """
 import sys
 sys.modules["gevent"] = sys.modules["greenlet"] = None  # as if not installed: importing them fails
-from lib.setup import errors
+from lib.setup import error_reports
 from lib.setup.settings import Settings
-errors.configure(Settings.from_environ())
-print(errors.mask({"m": ["a s3cr3t"]}, errors.configured_secrets()))
+error_reports.configure(Settings.from_environ())
+print(error_reports.mask({"m": ["a s3cr3t"]}, error_reports.configured_secrets()))
 """
 
 
@@ -112,28 +112,28 @@ def test_describe_and_traceback_text_make_text_of_any_exception():
     except RuntimeError as exc:
         cut = exc
     assert describe(cut) == "RuntimeError: cut \\ud83d and \\x00"
-    text = errors.traceback_text(cut)
+    text = error_reports.traceback_text(cut)
     assert text.encode() and text.endswith("RuntimeError: cut \\ud83d and \\x00\n")
     assert describe(_Unprintable()) == "<unprintable _Unprintable: __str__ raised ValueError>"
     assert describe(KeyError()) == "KeyError"
     try:
         raise _Unprintable()
     except _Unprintable as exc:
-        assert "_Unprintable: <exception str() failed>" in errors.traceback_text(exc)
+        assert "_Unprintable: <exception str() failed>" in error_reports.traceback_text(exc)
     cut_long = RuntimeError("\ud83d" * 10_000)
     try:
         raise cut_long
     except RuntimeError:
-        text = errors.traceback_text(cut_long)
-    assert len(text.encode()) <= errors.MAX_TRACEBACK_BYTES and text.endswith("\\ud83d\n")
+        text = error_reports.traceback_text(cut_long)
+    assert len(text.encode()) <= error_reports.MAX_TRACEBACK_BYTES and text.endswith("\\ud83d\n")
 
 
 def test_an_error_is_reported_once_and_not_at_all_once_marked_told(sentry_events: list) -> None:
     """capture() of one exception twice sends one event; one marked reported
     (its run of failures was reported for it) sends none."""
     first, second = RuntimeError("first"), RuntimeError("second")
-    errors.capture(first)
-    errors.capture(first)
-    errors.reported(second)
-    errors.capture(second)
+    error_reports.capture(first)
+    error_reports.capture(first)
+    error_reports.reported(second)
+    error_reports.capture(second)
     assert [e["exception"]["values"][0]["value"] for e in sentry_events] == ["first"]

@@ -1,4 +1,4 @@
-"""The Python writers of job rows: the enqueue calls of lib.insert (insert and
+"""The places in Python that enqueue: the enqueue calls of lib.insert (insert and
 Job), read with ast; only string literals are read."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import ast
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from lib.operate.writers import Writer, where_of
+from lib.operate.enqueue_sites import Writer, where_of
 
 # The project's own code; tests, benchmarks and the virtualenv enqueue on purpose
 # what no worker handles.

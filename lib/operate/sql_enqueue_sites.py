@@ -1,4 +1,4 @@
-"""The SQL writers of job rows: every INSERT INTO jobs of sql/, read by
+"""The places in SQL that enqueue: every INSERT INTO jobs of sql/, read by
 Postgres's own parser (pglast wraps libpg_query, the server's grammar as a
 library): CTEs, INSERT ... SELECT, quoting, dollar quoting and comments mean
 here what they mean to the server."""
@@ -17,7 +17,7 @@ from pglast.enums import SetOperation
 from pglast.parser import ParseError, parse_sql, scan
 from pglast.stream import RawStream
 
-from lib.operate.writers import Writer, where_of
+from lib.operate.enqueue_sites import Writer, where_of
 
 # A "-- name: X" line starts the next of a file's named queries (lib/store/sql.py):
 # they need no ; between them.

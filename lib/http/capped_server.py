@@ -11,7 +11,7 @@ from typing import Any
 import gevent
 from gevent.pywsgi import WSGIHandler, WSGIServer
 
-from lib.setup.errors import Outage
+from lib.setup.error_reports import Outage
 
 # A client has this long to send a whole request head, counted from its
 # connect or, on a kept-alive connection, from the end of the previous
