@@ -58,10 +58,9 @@ SELECT
   st.n_live_tup AS live_rows,
   st.n_dead_tup AS dead_rows,
   st.last_vacuum, st.last_autovacuum, st.last_analyze, st.last_autoanalyze,
-  CASE WHEN NOT current_setting('autovacuum')::boolean THEN 'server'
-       WHEN EXISTS (SELECT FROM pg_options_to_table(c.reloptions) o
-                    WHERE o.option_name = 'autovacuum_enabled' AND NOT o.option_value::boolean) THEN 'table'
-  END AS autovacuum_off,
+  current_setting('autovacuum')::boolean AS autovacuum_server,
+  NOT EXISTS (SELECT FROM pg_options_to_table(c.reloptions) o
+              WHERE o.option_name = 'autovacuum_enabled' AND NOT o.option_value::boolean) AS autovacuum_table,
   age(c.relfrozenxid) AS jobs_xid_age,
   CASE WHEN %(sizes)s::boolean THEN pg_relation_size(c.oid) END AS table_bytes,
   CASE WHEN %(sizes)s::boolean THEN pg_total_relation_size(c.oid) END AS total_bytes,

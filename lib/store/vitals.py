@@ -174,8 +174,9 @@ def schema_tables() -> list[str]:
 # doctor_vitals's columns, in its order.
 _COLUMNS = (
     "transactions", "prepared", "slots", "has_jobs", "live_rows", "dead_rows", "last_vacuum", "last_autovacuum",
-    "last_analyze", "last_autoanalyze", "autovacuum_off", "jobs_xid_age", "table_bytes", "total_bytes", "indexes",
-    "notify_usage", "database_xid_age", "database", "role", "superuser", "reads_all_stats", "now",
+    "last_analyze", "last_autoanalyze", "autovacuum_server", "autovacuum_table", "jobs_xid_age", "table_bytes",
+    "total_bytes", "indexes", "notify_usage", "database_xid_age", "database", "role", "superuser", "reads_all_stats",
+    "now",
 )  # fmt: skip
 
 
@@ -184,6 +185,8 @@ def _vitals(row: Any) -> Vitals:
     holders = [_holder(h) for h in [*found.pop("transactions"), *found.pop("prepared"), *found.pop("slots")]]
     found["indexes"] = [(i["name"], i["bytes"]) for i in found["indexes"]]
     found["notify_usage"] = float(found["notify_usage"])
+    server, table = found.pop("autovacuum_server"), found.pop("autovacuum_table")
+    found["autovacuum_off"] = "server" if not server else "table" if not table else None
     return Vitals(holders=holders, **found)
 
 
