@@ -8,7 +8,7 @@ Enqueue: --clients (16, then 1 for reference) processes of a plain
 synchronous application (bench/apps/sharing_enqueue.py: psycopg2, no gevent,
 no worker running), each writing one job a transaction for --seconds, all
 from the same moment, into one queue and then round robin over 40 queues.
-Three kinds of write, taking turns in every round (each round begun by the
+Four kinds of write, taking turns in every round (each round begun by the
 next kind), the jobs table emptied before each run:
   - lib.insert: BEGIN; lib.insert.insert(cur, queue, name, args); COMMIT
     (jobs_insert: the row, no NOTIFY: no poller of the queue sleeps, as for
@@ -21,7 +21,10 @@ next kind), the jobs table emptied before each run:
     a session where jobs.inserting_checked is on, as jobs_insert sets it
     around its own INSERT, so the statement trigger neither runs nor
     notifies; COMMIT. The row, its indexes and its commit, nothing else: no
-    superuser, no DDL, no other table.
+    superuser, no DDL, no other table;
+  - plain INSERT as text: the same, sent as text at each call, as an
+    application's psycopg2 code sends its own INSERT (and lib.insert its
+    call), so the server plans it each time.
 For each: the jobs committed a second by all clients together, the median of
 the rounds, lib.insert over plain (the target: 0.8 or more), and each write's
 commit time (p50, p99). Postgres serialises the commits of transactions that
@@ -51,7 +54,12 @@ from bench import compare, floors, harness
 from bench.harness import CommitRate, Server, add_pgbench_seconds, admin_connect, scratch_database
 from bench.sharing import latency_ms, start_clients, vacuum_line, vacuum_settings
 
-KINDS = {"lib": "lib.insert", "asleep": "lib.insert, pollers asleep", "plain": "plain INSERT"}
+KINDS = {
+    "lib": "lib.insert",
+    "asleep": "lib.insert, pollers asleep",
+    "plain": "plain INSERT",
+    "text": "plain INSERT as text",
+}
 MANY_QUEUES = 40
 TARGET = 0.8
 
@@ -114,6 +122,7 @@ def enqueue_rates(url: str, args: argparse.Namespace) -> list[dict[str, Any]]:
                 "per_s": medians,
                 "ratio": medians["lib"] / medians["plain"] if medians["plain"] else None,
                 "asleep_ratio": medians["asleep"] / medians["plain"] if medians["plain"] else None,
+                "text_ratio": medians["lib"] / medians["text"] if medians["text"] else None,
                 "round_ratios": [
                     lib["per_s"] / plain["per_s"] if plain["per_s"] else None
                     for lib, plain in zip(runs["lib"], runs["plain"], strict=True)
@@ -133,25 +142,28 @@ def print_table(result: dict[str, Any]) -> None:
     )
     print()
     header = (
-        f"{'clients, queues':<18}{'lib.insert/s':>13}{'asleep/s':>10}{'plain/s':>10}{'lib/plain':>11}"
-        f"{'asleep/plain':>14}{'commit p50 ms':>18}{'commit p99 ms':>18}{'errors':>8}"
+        f"{'clients, queues':<18}{'lib.insert/s':>13}{'asleep/s':>10}{'plain/s':>10}{'text/s':>9}{'lib/plain':>11}"
+        f"{'asleep/plain':>14}{'lib/text':>10}{'commit p50 ms':>24}{'commit p99 ms':>24}{'errors':>8}"
     )
     print(header)
     print("-" * len(header))
     for row in result["enqueue"]:
-        lib, asleep, plain = (row["per_s"][k] for k in ("lib", "asleep", "plain"))
+        lib, asleep, plain, text = (row["per_s"][k] for k in KINDS)
         p50 = "/".join(_ms(statistics.median(r["commit_ms"]["p50"] for r in row["runs"][k])) for k in KINDS)
         p99 = "/".join(_ms(statistics.median(r["commit_ms"]["p99"] for r in row["runs"][k])) for k in KINDS)
         errors = sum(r["errors"] for k in KINDS for r in row["runs"][k])
-        ratio, asleep_ratio = ("-" if r is None else f"{r:.2f}" for r in (row["ratio"], row["asleep_ratio"]))
+        ratio, asleep_ratio, text_ratio = (
+            "-" if r is None else f"{r:.2f}" for r in (row["ratio"], row["asleep_ratio"], row["text_ratio"])
+        )
         label = f"{row['clients']}, {row['queues']}"
         print(
-            f"{label:<18}{lib:>13,.0f}{asleep:>10,.0f}{plain:>10,.0f}{ratio:>11}{asleep_ratio:>14}"
-            f"{p50:>18}{p99:>18}{errors:>8}"
+            f"{label:<18}{lib:>13,.0f}{asleep:>10,.0f}{plain:>10,.0f}{text:>9,.0f}{ratio:>11}{asleep_ratio:>14}"
+            f"{text_ratio:>10}{p50:>24}{p99:>24}{errors:>8}"
         )
     print("(lib.insert: no poller asleep, as for a busy queue or none running; asleep: every queue's")
-    print(" poller asleep and never clearing its mark, so every enqueue notifies; commit times")
-    print(f" lib.insert/asleep/plain, the median of the rounds' percentiles; commit rate {rate:,.0f}/s)")
+    print(" poller asleep and never clearing its mark, so every enqueue notifies; plain: prepared once;")
+    print(" text: the same INSERT sent as text, as lib.insert sends its call; commit times")
+    print(f" lib.insert/asleep/plain/text, the median of the rounds' percentiles; commit rate {rate:,.0f}/s)")
     for row in result["enqueue"]:
         each = ", ".join("-" if r is None else f"{r:.2f}" for r in row["round_ratios"])
         print(f"  {row['clients']} clients, {row['queues']} queues, lib/plain round by round: {each}")

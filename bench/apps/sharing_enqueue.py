@@ -9,6 +9,8 @@ how long it took to commit, the id written, and the error when it failed.
           once, in a session where the statement trigger is passed over as
           jobs_insert passes it over (jobs.inserting_checked): the row, its
           indexes and its commit, without the NOTIFY; COMMIT
+  text    the same as plain, sent as text at each call (as an application's
+          psycopg2 code sends its INSERT, and as lib.insert sends its call)
   legacy  the original Go service's Insert, in autocommit:
           INSERT INTO jobs (queue, name, callsite, args) VALUES ($1, $2, $3,
           $4::jsonb) ON CONFLICT DO NOTHING RETURNING id; prepared once on the
@@ -58,6 +60,14 @@ VALUES ($1, $2, $3, $4::jsonb)
 ON CONFLICT DO NOTHING
 RETURNING id
 """
+# The same INSERT as an application's psycopg2 code sends it: as text, planned at each call.
+TEXT = """
+INSERT INTO jobs (queue, name, args, callsite, run_at, priority, max_attempts, key, dedupe)
+VALUES (%(queue)s, %(name)s, %(args)s, %(callsite)s, now(), 0, NULL, NULL,
+        EXISTS (SELECT FROM job_dedupe_names d WHERE d.queue = %(queue)s AND d.name = %(name)s))
+ON CONFLICT DO NOTHING
+RETURNING id
+"""
 STALE_PLAN = "cached plan must not change result type"
 
 
@@ -66,7 +76,7 @@ class Writer:
         self.conn, self.mode = conn, mode
         self.cur = conn.cursor()
         self.prepared = False
-        if mode == "plain":
+        if mode in ("plain", "text"):
             # What jobs_insert sets around its own INSERT, for the session: the
             # statement trigger (a dedupe check and the NOTIFY) does not run.
             self.cur.execute("SET jobs.inserting_checked = 'on'")
@@ -85,6 +95,11 @@ class Writer:
         elif self.mode == "plain":
             self.prepare(PLAIN)
             self.cur.execute("EXECUTE plain_insert(%s, %s, %s, %s)", (queue, JOB_NAME, text, "sharing_enqueue"))
+            row = self.cur.fetchone()
+            found = row[0] if row else None
+        elif self.mode == "text":
+            params = {"queue": queue, "name": JOB_NAME, "args": text, "callsite": "sharing_enqueue"}
+            self.cur.execute(TEXT, params)
             row = self.cur.fetchone()
             found = row[0] if row else None
         else:
@@ -106,7 +121,7 @@ class Writer:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("mode", choices=("lib", "plain", "legacy"))
+    parser.add_argument("mode", choices=("lib", "plain", "text", "legacy"))
     parser.add_argument("--url", required=True)
     parser.add_argument("--queues", default="q00", help="comma-separated; the writes go round robin over them")
     parser.add_argument("--client", type=int, default=0, help="this client's number: its args, its first queue")
