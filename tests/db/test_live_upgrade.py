@@ -170,6 +170,22 @@ def in_new_york(url: str) -> None:
     db.close()
 
 
+def upgrade_under_load_and_checked(url: str, tmp_path, last: int, digest: tuple, fresh) -> None:
+    """The upgrade beside the application's writer; then the application was
+    served, the seed rows are as they were, every insert is kept, the schema
+    is a fresh one's, and every pending row runs."""
+    upgrade = upgrade_under_load(url, tmp_path)
+    db = DB.connect(url, size=4)
+    try:
+        assert_the_application_was_served(upgrade)
+        assert db.query_row(DIGEST, {"last": last}) == digest
+        assert_every_insert_is_kept(db, upgrade)
+        assert catalogue(db) == fresh
+        run_pending(db)
+    finally:
+        db.close()
+
+
 def test_the_original_table_upgrades_while_the_application_writes(empty_database, tmp_path, fresh):
     in_new_york(empty_database)
     db = DB.connect(empty_database, size=4)
@@ -180,17 +196,7 @@ def test_the_original_table_upgrades_while_the_application_writes(empty_database
     finally:
         db.close()
 
-    upgrade = upgrade_under_load(empty_database, tmp_path)
-
-    db = DB.connect(empty_database, size=4)
-    try:
-        assert_the_application_was_served(upgrade)
-        assert db.query_row(DIGEST, {"last": last}) == digest
-        assert_every_insert_is_kept(db, upgrade)
-        assert catalogue(db) == fresh
-        run_pending(db)
-    finally:
-        db.close()
+    upgrade_under_load_and_checked(empty_database, tmp_path, last, digest, fresh)
 
 
 def test_a_database_at_034_upgrades_while_the_application_writes(empty_database, server_url, tmp_path, fresh):
@@ -201,17 +207,7 @@ def test_a_database_at_034_upgrades_while_the_application_writes(empty_database,
     finally:
         db.close()
 
-    upgrade = upgrade_under_load(empty_database, tmp_path)
-
-    db = DB.connect(empty_database, size=4)
-    try:
-        assert_the_application_was_served(upgrade)
-        assert db.query_row(DIGEST, {"last": last}) == digest
-        assert_every_insert_is_kept(db, upgrade)
-        assert catalogue(db) == fresh
-        run_pending(db)
-    finally:
-        db.close()
+    upgrade_under_load_and_checked(empty_database, tmp_path, last, digest, fresh)
 
 
 def test_an_open_transaction_on_jobs_delays_the_upgrade_not_the_application(empty_database, tmp_path, caplog):
