@@ -31,6 +31,7 @@ from lib.run.queue import AUTH_PREFIX, Queue  # noqa: E402
 from lib.run.rates import declare_rate  # noqa: E402
 from lib.run.recovery import Recovery  # noqa: E402
 from lib.run.runtime import Runtime  # noqa: E402
+from lib.run.steps import Committer  # noqa: E402
 from lib.setup import error_reports, logs  # noqa: E402
 from lib.setup.dsn import dsn_place, mask_secret  # noqa: E402
 from lib.setup.error_reports import Outage  # noqa: E402
@@ -39,7 +40,6 @@ from lib.setup.settings import Settings  # noqa: E402
 from lib.store.db import DB  # noqa: E402
 from lib.store.driver_errors import is_conn_failure, is_database_error  # noqa: E402
 from lib.store.forks import refuse_fork  # noqa: E402
-from lib.store.group_commit import Committer  # noqa: E402
 from lib.store.migrate import migrate  # noqa: E402
 from lib.store.pool_connections import behind_pooler  # noqa: E402
 from lib.store.retry_backoff import Backoff  # noqa: E402
@@ -60,7 +60,7 @@ NO_HTTP = Settings(http_addr=None)
 # The pool's ceiling: one connection per poller slot, and a few for the lease
 # keeper and the clock, so that every handler's own queries can run at once.
 # Connections open only when used and close when idle (lib/store/db.py): the
-# pollers' claims and outcomes share the group commit's one (lib/store/group_commit.py).
+# pollers' claims and outcomes share the group commit's one (lib/run/steps.py).
 POOL_BUFFER = 4
 
 # Seconds without a failure before a success ends a report of the database's

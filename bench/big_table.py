@@ -69,9 +69,9 @@ from bench.harness import (
 from lib.http.admin import FAILURES_SHOWN
 from lib.http.metrics import QueueCollector
 from lib.operate import commands, overview
+from lib.run.steps import Committer
 from lib.setup.settings import DEFAULT_RETENTION_DAYS as RETENTION_DAYS
 from lib.store.db import DB
-from lib.store.group_commit import Committer
 from lib.store.pool_connections import connect_options
 from lib.store.sql import STATEMENTS, Q, statement
 from queues.maintenance import BATCH as RETENTION_BATCH

@@ -13,7 +13,7 @@ Two fresh databases of one server (DATABASE_URL, else the embedded one in
       rest over --other-queues other queues, a fifth of them delayed. Written
       by INSERT ... SELECT FROM generate_series. Both: VACUUM ANALYZE, CHECKPOINT.
 
-On both, the worker's own writes through lib/store/group_commit.py's group commit (the
+On both, the worker's own writes through lib/run/steps.py's group commit (the
 job_step_one named query, prepared, autocommit), in rounds, alternating job by
 job between (a) and (b) so the machine's load falls on both alike: a claim
 alone and the job's outcome alone, then the steady state of a busy one-slot
@@ -64,8 +64,8 @@ from bench.harness import (
     scratch_database,
 )
 from lib.insert import Job, insert_many
+from lib.run.steps import Ask, Committer, Reply, lone_step
 from lib.store.db import DB
-from lib.store.group_commit import Ask, Committer, Reply, lone_step
 from lib.store.sql import Q
 
 QUEUE = "flat"

@@ -51,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.harness import CommitRate, Server, add_pgbench_seconds, percentile, run, scratch_database
 from lib.insert import insert
-from lib.store.group_commit import Ask, lone_step
+from lib.run.steps import Ask, lone_step
 
 QUEUE = "floor"
 JOB_NAME = "bench.Noop"

@@ -39,7 +39,7 @@ import psycopg2.extensions
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.harness import CommitRate, Server, add_pgbench_seconds, process_cpu_seconds, run, scratch_database
-from lib.store.group_commit import Ask, batch_step, lone_step
+from lib.run.steps import Ask, batch_step, lone_step
 from lib.store.sql import STATEMENTS
 
 # Each path: how its asks become one statement, and how many queues and

@@ -20,14 +20,14 @@ FROM jobs_step_one(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
                    %(queue)s, %(slot)s, %(worker_id)s, %(lease)s, %(max_attempts)s, %(id)s)
 
 -- name: job_step_one
--- A group commit of one ask (lib/store/group_commit.py): an outcome (o_ parameters, all NULL for none) and/or one slot's claim (c_ parameters, all NULL for none), in job_step's columns. jobs_step_one (sql/rules/step.sql).
+-- A group commit of one ask (lib/run/steps.py): an outcome (o_ parameters, all NULL for none) and/or one slot's claim (c_ parameters, all NULL for none), in job_step's columns. jobs_step_one (sql/rules/step.sql).
 SELECT queue, worker_id, id, name, args, attempts, max_attempts, callsite, latency, wait, slot
 FROM jobs_step_one(%(o_id)s, %(o_worker_id)s, %(o_attempts)s, %(o_status)s, %(o_retry_in)s, %(o_last_error)s,
                    %(o_last_traceback)s, %(o_delay)s, %(o_uncounted)s,
                    %(c_queue)s, %(c_slot)s, %(c_worker_id)s, %(c_lease)s, %(c_max_attempts)s, %(c_id)s)
 
 -- name: job_step
--- One group commit of several asks (lib/store/group_commit.py): outcomes of any queues, then claims grouped by queue, in one round trip and one transaction: jobs_step (sql/rules/step.sql).
+-- One group commit of several asks (lib/run/steps.py): outcomes of any queues, then claims grouped by queue, in one round trip and one transaction: jobs_step (sql/rules/step.sql).
 SELECT queue, worker_id, id, name, args, attempts, max_attempts, callsite, latency, wait, slot
 FROM jobs_step(%(o_id)s::bigint[], %(o_worker_id)s::text[], %(o_attempts)s::int[], %(o_status)s::text[],
                %(o_retry_in)s::float8[], %(o_last_error)s::text[], %(o_last_traceback)s::text[],

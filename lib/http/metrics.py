@@ -80,7 +80,7 @@ def _child(metric: Any, *labels: str) -> Any:
 
 
 def job_done(queue: str, outcome: Any, seconds: float) -> None:
-    """An attempt ended (lib.run.outcome's Outcome): a snooze, a retry, or a
+    """An attempt ended (lib.run.execute's Outcome): a snooze, a retry, or a
     finished job counted by its kind. Never raises into the poller."""
     _child(DURATION, queue).observe(seconds)
     if not outcome.counted:

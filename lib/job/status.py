@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+from lib.job.text import safe_text
+
 PENDING = "pending"
 STARTED = "started"
 INTERRUPTED = "err: interrupted"
@@ -78,6 +80,27 @@ def clean(status: str) -> str:
     rules as one built here (one line, no NUL, bounded length)."""
     prefix, sep, rest = status.partition(": ")
     return _build(prefix, rest) if sep else status
+
+
+def returned(value: object) -> str:
+    """A status a handler returned, as it is stored; ValueError saying why
+    for anything else: not a string, not a status, or a fault (a fault is
+    raised, so that it reaches someone)."""
+    if value.__class__ is str and value == "ok":
+        return "ok"  # the common answer, which needs no cleaning
+    if not isinstance(value, str):
+        raise ValueError(f"handler returned {type(value).__name__}, not a status string")
+    # A plain str from here (a subclass's own methods are not called), one
+    # that Postgres can store: no NUL, no lone surrogate.
+    text = safe_text(value)
+    try:
+        found = kind(text)
+    except ValueError:
+        raise ValueError(f"handler returned {text!r:.100}, not a status") from None
+    if found not in (Kind.OK, Kind.FAIL, Kind.SKIP):
+        # A fault recorded without an exception would reach nobody.
+        raise ValueError(f"handler returned {text!r:.100}; a fault must be raised")
+    return clean(text)
 
 
 # A status standing alone, and a prefix before ": ", by their text: a dict

@@ -1,7 +1,7 @@
 """The places in the code that enqueue (writers of job rows), as the registry
 check reads them without running anything: where each is, and the queue and
 job name it writes; and the files it reads them from. Not the run
-pipeline's write stage (lib/run/write.py), which writes a job's outcome."""
+pipeline's write stage (lib/run/steps.py), which writes a job's outcome."""
 
 from __future__ import annotations
 

@@ -1,13 +1,14 @@
-"""The execute stage: find the job's handler and run it under the lease's
-fence and the job timeout; say what happened, for the outcome stage."""
+"""The execute stage: find the job's handler, run it under the lease's fence
+and the job timeout, and decide what happened: what the row stores and when
+the job may run again. `decide` is the one place where retries, dead jobs,
+snoozes and interruptions are settled; it touches no database and no clock."""
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
-from dataclasses import replace
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, NamedTuple
 
 import gevent
 from greenlet import GreenletExit
@@ -17,27 +18,171 @@ from lib.background.leases import LeaseLost, Leases
 from lib.greenlets.deadline import Deadline
 from lib.job import Handler, PendingJob, Snooze
 from lib.job import status as st
-from lib.job.text import safe_text
+from lib.job.text import describe
 from lib.run.budget import Budgets
-from lib.run.outcome import (
-    ArgsUnreadable,
-    BadArgs,
-    BadStatus,
-    Fenced,
-    Happened,
-    JobTimeout,
-    LeftForAnother,
-    Raised,
-    Returned,
-    Snoozed,
-    TimedOut,
-    UnknownJob,
-    UnknownName,
-)
+from lib.run.queue import Queue
+from lib.setup.error_reports import capture, configured_secrets, reporting, traceback_text
+from lib.setup.redact import scrub
 from lib.store.db import DB
 from lib.store.driver_errors import is_database_error
+from lib.store.retry_backoff import BASE_SECONDS as RETRY_BASE_SECONDS
+from lib.store.retry_backoff import backoff
 
 log = logging.getLogger("jobs")
+
+
+class JobTimeout(BaseException):
+    """The handler ran past the queue's job timeout. A BaseException, as the
+    lease fence's LeaseLost is, so a handler's `except Exception` retry loop
+    does not take it for one more fault to retry."""
+
+
+class UnknownJob(Exception):
+    """No handler of this queue has the job's name."""
+
+
+class BadStatus(Exception):
+    """The handler returned something that is not an ok/fail/skip status."""
+
+
+class BadArgs(Exception):
+    """The job's stored args cannot be read; no handler could use them."""
+
+
+# What happened to a job, as the execute stage saw it.
+
+
+class Returned(NamedTuple):
+    status: str  # an ok, fail or skip status, already checked and cleaned
+
+
+class Raised(NamedTuple):
+    error: BaseException
+
+
+class TimedOut(NamedTuple):
+    error: JobTimeout
+
+
+class Fenced(NamedTuple):
+    error: LeaseLost
+
+
+class Snoozed(NamedTuple):
+    snooze: Snooze
+
+
+class Interrupted(NamedTuple):
+    """The worker's own kill (shutdown) cut the handler off."""
+
+
+class ArgsUnreadable(NamedTuple):
+    error: BadArgs
+
+
+class UnknownName(NamedTuple):
+    error: UnknownJob
+
+
+class LeftForAnother(NamedTuple):
+    """A live worker handles the job's name and this one does not."""
+
+
+Happened = Returned | Raised | TimedOut | Fenced | Snoozed | Interrupted | ArgsUnreadable | UnknownName | LeftForAnother
+
+
+@dataclass(frozen=True)
+class Outcome:
+    status: str  # what the job reached, as the log and the throttle see it
+    error: BaseException | None = None
+    retry_in: float | None = None  # seconds until the retry, when one is due
+    counted: bool = True  # whether this attempt counts against max_attempts
+    traceback: str | None = None  # the error's, bounded (lib.setup.error_reports.traceback_text)
+    hold: float = 0.0  # seconds the queue takes no job after this one, in every process
+    # What the row stores as its status and its last error; set from the above.
+    stored: str = field(init=False, compare=False)
+    last_error: str | None = field(init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        coming_back = self.retry_in is not None
+        object.__setattr__(self, "stored", st.PENDING if coming_back else self.status)
+        # Kept for anything that did not end well or is coming back.
+        failed = coming_back or self.status.startswith("err: ")
+        object.__setattr__(self, "last_error", self.status if failed else None)
+
+
+class GiveBack(NamedTuple):
+    """Nothing is stored: the row goes back to pending, uncounted, for the
+    worker that handles its name."""
+
+
+class Abandon(NamedTuple):
+    """Nothing is stored: the lease is lost, and a rescue takes the row over."""
+
+
+Decision = Outcome | GiveBack | Abandon
+
+
+def decide(happened: Happened, attempts: int, max_attempts: int, *, retry_base: float = RETRY_BASE_SECONDS) -> Decision:
+    """What to store for a job that has made `attempts` of its `max_attempts`,
+    and when it may run again."""
+    match happened:
+        case Returned(status):
+            return Outcome(status)
+        case Snoozed(snooze) if snooze.hold_queue:
+            # The queue waits, and the job keeps its place (retry_in 0 keeps
+            # run_at): the first claim after the wait takes it again.
+            return Outcome(st.clean(snooze.status), retry_in=0.0, counted=False, hold=snooze.seconds)
+        case Snoozed(snooze):
+            # Throttling is not failure: the attempt is not counted.
+            return Outcome(st.clean(snooze.status), retry_in=snooze.seconds, counted=False)
+        case Interrupted():
+            # Like a rescue: another worker takes the job over when attempts
+            # remain, in its place in the queue (retry_in 0 keeps run_at).
+            return Outcome(st.INTERRUPTED, retry_in=0.0 if attempts < max_attempts else None)
+        case Fenced():
+            return Abandon()
+        case LeftForAnother():
+            return GiveBack()
+        case Raised(error) | TimedOut(error) | ArgsUnreadable(error) | UnknownName(error):
+            # Stored in the row, which must hold no secret, whatever the message quotes.
+            text = st.err(scrub(describe(error), configured_secrets()))
+            # An error marked final (OutcomeUnknown: a second try could do the
+            # work twice) ends the job though attempts remain.
+            retry = attempts < max_attempts and not getattr(error, "final", False)
+            retry_in = backoff(attempts, base=retry_base) if retry else None
+            return Outcome(text, error, retry_in, traceback=traceback_text(error))
+    raise TypeError(f"not something that happens to a job: {happened!r}")
+
+
+def fault(happened: Happened) -> BaseException | None:
+    """The error that stands for the job's fault, to report; None when the
+    job reached an answer, was snoozed, or its run is not this worker's."""
+    match happened:
+        case Raised(error) | TimedOut(error) | ArgsUnreadable(error) | UnknownName(error):
+            return error
+    return None
+
+
+def recorded(queue: str, job: PendingJob, happened: Happened, *, retry_base: float) -> Decision:
+    """decide(), with the job's fault reported; when deciding fails (a bug),
+    an outcome saying so, so the job still ends."""
+    try:
+        error = fault(happened)
+        if error is not None:
+            capture(error, queue=queue, job=job.name, job_id=job.id, callsite=job.callsite)
+        decision = decide(happened, job.attempts, job.max_attempts, retry_base=retry_base)
+        if error is not None and isinstance(decision, Outcome) and not reporting():
+            # Without Sentry the log is the one place an operator finds where it failed.
+            exc_info = (type(error), error, error.__traceback__)
+            log.error("queue=%s job=%s id=%d raised %s", queue, job.name, job.id, decision.status, exc_info=exc_info)
+        return decision
+    except Exception as exc:
+        status = st.err(f"the worker could not record this job's outcome: {scrub(describe(exc), configured_secrets())}")
+        log.error("queue=%s job=%s id=%d %s", queue, job.name, job.id, status, exc_info=True)
+        capture(exc, message="outcome not recorded", queue=queue, job=job.name, job_id=job.id)
+        return Outcome(status, exc, traceback=traceback_text(exc))
+
 
 # A handler that catches its JobTimeout and goes on is thrown another this
 # often, until its block ends.
@@ -48,32 +193,29 @@ _NOT_THE_JOBS = (GreenletExit, KeyboardInterrupt, SystemExit)
 
 
 class Executor:
-    def __init__(
-        self,
-        queue: str,
-        db: DB,
-        dispatch: Mapping[str, Handler],
-        leases: Leases,
-        *,
-        job_timeout: float,
-        budgets: Budgets | None = None,
-    ) -> None:
-        self.queue = queue
+    def __init__(self, queue: Queue, db: DB, leases: Leases, budgets: Budgets | None = None) -> None:
+        self.queue = queue.name
+        self.retry_base = queue.retry_base
         self.budgets = budgets
         self.db = db
-        self.dispatch = dict(dispatch)
+        self.dispatch = dict(queue.dispatch)
         self.leases = leases
-        self.job_timeout = job_timeout
+        self.job_timeout = queue.job_timeout
         # The job each slot's handler is running now, and the greenlet it runs
         # in: only that handler may be fenced.
         self._running: dict[int, tuple[PendingJob, Any]] = {}
         # Each slot's limit on its handler, restarted for every job.
         self._deadlines: dict[int, Deadline] = {}
 
+    def run(self, job: PendingJob, slot: int) -> Decision:
+        """Run the job, and decide what its row stores. The worker's own kill
+        goes on up."""
+        return recorded(self.queue, job, self.execute(job, slot), retry_base=self.retry_base)
+
     def execute(self, job: PendingJob, slot: int) -> Happened:
         """Run the job's handler. The job's lease is held from here until the
-        poller releases it, once the outcome is written or given up on. The
-        worker's own kill goes on up."""
+        outcome is written or given up on (Steps.write). The worker's own
+        kill goes on up."""
         if job.name not in self.dispatch and self._handled_elsewhere(job):
             return LeftForAnother()
         self.leases.hold(job.id, job.claimed_at or time.monotonic(), lambda: self._fence(slot, job))
@@ -151,16 +293,7 @@ def _raised(exc: BaseException) -> Happened:
 
 def _returned(result: object) -> Happened:
     """A status the handler may return, or the fault of returning another."""
-    if not isinstance(result, str):
-        return Raised(BadStatus(f"handler returned {type(result).__name__}, not a status string"))
-    # A plain str from here (a subclass's own methods are not called), one
-    # that Postgres can store: no NUL, no lone surrogate.
-    result = safe_text(result)
     try:
-        kind = st.kind(result)
-    except ValueError:
-        return Raised(BadStatus(f"handler returned {result!r:.100}, not a status"))
-    if kind not in (st.Kind.OK, st.Kind.FAIL, st.Kind.SKIP):
-        # A fault recorded without an exception would reach nobody.
-        return Raised(BadStatus(f"handler returned {result!r:.100}; a fault must be raised"))
-    return Returned(st.clean(result))
+        return Returned(st.returned(result))
+    except ValueError as exc:
+        return Raised(BadStatus(str(exc)))

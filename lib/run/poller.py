@@ -1,8 +1,8 @@
 """One queue's poller: the loop that takes each job through the stages in
-order: claim (lib/run/claim.py), execute (execute.py), decide the outcome
-(outcome.py), write it (write.py), then pause for the queue's throttle. One
-job at a time per slot; a queue has `concurrency` slots (default 1), and the
-database holds every process to that."""
+order: claim (lib/run/steps.py), run and decide the outcome (execute.py),
+write it (steps.py again), then pause for the queue's throttle. One job at a
+time per slot; a queue has `concurrency` slots (default 1), and the database
+holds every process to that."""
 
 from __future__ import annotations
 
@@ -18,13 +18,11 @@ from lib.job import status as st
 from lib.job.rate import limits_key
 from lib.job.text import describe
 from lib.run.budget import Budgets
-from lib.run.claim import Claimer, ClaimResult
-from lib.run.execute import Executor
-from lib.run.outcome import Abandon, Decision, GiveBack, Interrupted, Outcome, decide, recorded
+from lib.run.execute import Abandon, Decision, Executor, GiveBack, Interrupted, Outcome, decide
 from lib.run.queue import Queue
 from lib.run.release import Releaser
 from lib.run.runtime import Runtime
-from lib.run.write import Writer
+from lib.run.steps import ClaimResult, Steps
 from lib.setup import counters
 from lib.setup.error_reports import Outage, capture
 from lib.store.db import DB
@@ -66,29 +64,19 @@ class Poller:
         self.retry_base = queue.retry_base
         self.outage = runtime.outage or Outage(f"queue={name} fetch")
         self.leases = runtime.leases
-        # Outcomes and claims go to the server through the completer (the
-        # process's group commit).
+        # The process's group commit, which this queue's steps go through.
         self.completer = runtime.completer
         self.running: dict[int, PendingJob] = {}
         # A fault of the claim that is not a lost connection, once per run.
         self.claim_fault = Outage(f"queue={name} claim")
         self._wakeups = [Event() for _ in range(concurrency)]
-        # The stages, in the order a job goes through them.
-        self.claimer = Claimer(name, db, self.completer, self.leases, max_attempts=queue.max_attempts)
+        # The stages: the claim and the outcome's write (steps), and the run.
         budgets = (
             Budgets(name, db, limits_key(name, queue.rate, queue.budgets), queue.budgets) if queue.budgets else None
         )
-        self.executor = Executor(name, db, queue.dispatch, self.leases, job_timeout=queue.job_timeout, budgets=budgets)
+        self.executor = Executor(queue, db, self.leases, budgets)
         self.releaser = Releaser(name, db, self.leases)
-        self.writer = Writer(
-            name,
-            self.completer,
-            self.claimer,
-            self.leases,
-            kills=runtime.kills,
-            release=self.releaser.release,
-            outage=self.outage,
-        )
+        self.steps = Steps(queue, db, runtime, release=self.releaser.release, outage=self.outage)
 
     @property
     def handles(self) -> frozenset[str]:
@@ -116,6 +104,7 @@ class Poller:
         # What the last outcome's write found when it looked for the next job:
         # that job, or None and how long until the queue may have work.
         found: ClaimResult | None = None
+        failing = False  # the last claim failed: the next one that succeeds says so
         # A job claimed with the last outcome runs even if stop came meanwhile:
         # it is claimed, as if stop had come a moment later.
         while (found is not None and found.job is not None) or not stop.is_set():
@@ -123,16 +112,19 @@ class Poller:
                 # Cleared before the claim: a wake that lands after it is not lost.
                 wakeup.clear()
                 try:
-                    found = self.claimer.claim(None, slot)
+                    found = self.steps.claim(None, slot)
                 except Exception as exc:
                     _claim_failed(exc, self.queue, self.outage, self.claim_fault)
+                    failing = True
                     # A wakeup (a commit, the listener back, the database's
                     # return: lib/run/recovery.py) cuts the backoff short.
                     gevent.wait([stop, wakeup], timeout=retry.failed(), count=1)
                     continue
-                self.outage.recovered()
-                self.claim_fault.recovered()
-                retry.succeeded()
+                if failing:
+                    failing = False
+                    self.outage.recovered()
+                    self.claim_fault.recovered()
+                    retry.succeeded()
             if found.job is None:
                 # The queue's next delayed row, or the end of its pause or
                 # throttle, when that comes before the fallback poll. The
@@ -157,34 +149,34 @@ class Poller:
     def claim(self, job_id: int | None = None, *, slot: int = 0) -> PendingJob | None:
         """The claimed job; None when another worker got there first, the
         queue's slots are all taken, or the queue is paused or throttled."""
-        return self.claimer.claim(job_id, slot).job
+        return self.steps.claim(job_id, slot).job
 
     def run(self, job: PendingJob, *, slot: int = 0, stop: Event | None = None) -> str:
         """Run a claimed job to its outcome; the status it reached."""
         return self.work(job, slot=slot, stop=stop).status
 
     def work(self, job: PendingJob, *, slot: int = 0, stop: Event | None = None, wakeup: Event | None = None) -> Worked:
-        """Take a claimed job through execute, outcome and write. Given the
-        slot's wakeup (the poll loop) and with no throttle pause due, the
-        write also looks for the slot's next job, and says what it found."""
+        """Take a claimed job through its run and the write of its outcome.
+        Given the slot's wakeup (the poll loop) and with no throttle pause
+        due, the write also looks for the slot's next job, and says what it found."""
         self.running[slot] = job
         start = time.monotonic()
         try:
             try:
-                happened = self.executor.execute(job, slot)
+                decision = self.executor.run(job, slot)
             except BaseException:
                 # Only the greenlet's own kill (shutdown) gets here: the job is
                 # written off as interrupted, and the kill goes on up.
                 interrupted = decide(Interrupted(), job.attempts, job.max_attempts)
                 self._carry_out(job, slot, interrupted, start, stop, None, interrupted=True)
                 raise
-            decision = recorded(self.queue, job, happened, retry_base=self.retry_base)
             return self._carry_out(job, slot, decision, start, stop, wakeup)
         finally:
             # Whatever failed on the way, a slot that goes no further keeps
             # no row renewed for ever: a rescue can take it back.
             self.running.pop(slot, None)
-            self.leases.release(job.id)
+            if job.id in self.leases.held:
+                self.leases.release(job.id)
 
     def _carry_out(
         self,
@@ -208,7 +200,7 @@ class Poller:
                 return Worked(st.PENDING, None)
             case Abandon():
                 self.leases.release(job.id)
-                self.claimer.abandoned.add(job.id)
+                self.steps.abandoned.add(job.id)
                 log.error(FENCED, self.queue, job.name, job.id)
                 return Worked(st.INTERRUPTED, None)
             case Outcome():
@@ -236,12 +228,9 @@ class Poller:
             # Cleared before that claim, as in the loop: a wake that lands after it is not lost.
             wakeup.clear()
         try:
-            found = self.writer.write(job, outcome, delay, slot if look else None)
+            found = self.steps.write(job, outcome, delay, slot if look else None)
         finally:
-            # Held (renewed, and never rescued by this worker) until the
-            # outcome is written or given up on.
             self.running.pop(slot, None)
-            self.leases.release(job.id)
         if interrupted or (stop is not None and stop.is_set()):
             # This poller gives the queue's slot up: a poller of another
             # worker may take it now, not at its next fallback poll.

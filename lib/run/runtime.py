@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 
 from lib.background.leases import Leases
 from lib.greenlets.kills import Kills
+from lib.run.steps import Committer
 from lib.setup.error_reports import Outage
 from lib.store.db import DB
-from lib.store.group_commit import Committer
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ def counted_by(module: Any) -> None:
 
 
 def job_done(queue: str, outcome: Any, seconds: float) -> None:
-    """An attempt ended (lib.run.outcome's Outcome)."""
+    """An attempt ended (lib.run.execute's Outcome)."""
     if _counter is not None:
         _counter.job_done(queue, outcome, seconds)
 

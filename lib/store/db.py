@@ -19,9 +19,10 @@ from typing import Any
 import psycopg2
 import psycopg2.extensions
 
+from lib.greenlets.deadline import Deadline, Expired
 from lib.setup import counters
 from lib.store.binding import Params, Row, bind
-from lib.store.driver_errors import PoolTimeout, is_read_only, is_server_error
+from lib.store.driver_errors import NoReply, PoolTimeout, is_read_only, is_server_error
 from lib.store.pool_connections import call_later, connect_options, install_gevent_wait, pool_semaphore, readable_now
 from lib.store.sql import Q
 
@@ -102,10 +103,25 @@ class _LockBounded(_Runner):
 
 
 class _Reserved(_Runner):
-    """The pool's reserved connection: one user at a time (lib.store.group_commit)."""
+    """The pool's reserved connection: one user at a time (lib.run.steps)."""
 
     def __init__(self, db: DB) -> None:
         self.db = db
+        # One statement at a time, so one deadline serves them all.
+        self._deadline = Deadline(0)
+
+    def query_within(self, seconds: float, sql: str, params: Params = None) -> list[Row]:
+        """query(), or NoReply when no answer comes within seconds (the
+        server or the way to it hangs): the connection is discarded, and
+        the server process is noted on the exception, for settle()."""
+        self._deadline.seconds = seconds
+        try:
+            with self._deadline:
+                return self.query(sql, params)
+        except Expired as exc:
+            lost = NoReply(f"no answer within {seconds:g}s")
+            lost.backend_pid = getattr(exc, "backend_pid", None)  # type: ignore[attr-defined]
+            raise lost from None
 
     @property
     def prepare(self) -> bool:  # type: ignore[override]

@@ -15,7 +15,7 @@
 -- A queue's turn: an advisory transaction lock, never waited for. A claim
 -- takes it before it reads the gate, and a throttling outcome holds it until
 -- it commits, so no claim reads the gate in between. The one place its key is
--- spelled (lib.store.group_commit.QUEUE_TURN_KEY in Python).
+-- spelled (lib.run.steps.QUEUE_TURN_KEY in Python).
 CREATE OR REPLACE FUNCTION jobs_queue_turn(queue text) RETURNS boolean
 LANGUAGE sql AS $$ SELECT pg_try_advisory_xact_lock(1785684595, hashtext(queue)) $$;
 

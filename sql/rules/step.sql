@@ -1,6 +1,6 @@
 -- The step: the outcome of a job and the next claim of its slot, for one ask
 -- (jobs_step_one) or a batch of asks of any queues (jobs_step), in one round
--- trip and one transaction (lib/store/group_commit.py). A claim reads its
+-- trip and one transaction (lib/run/steps.py). A claim reads its
 -- queue's state after it has taken the queue's turn, not from a snapshot
 -- taken before another process's outcome committed. Both apply the rules of
 -- rules.sql and rates.sql, and tests/db/test_step_one.py holds the two to the

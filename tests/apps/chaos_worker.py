@@ -41,8 +41,8 @@ import worker  # noqa: E402
 from lib.job import PendingJob, status  # noqa: E402
 from lib.job.args import unmarshal_args  # noqa: E402
 from lib.run.queue import Queue  # noqa: E402
+from lib.run.steps import Committer  # noqa: E402
 from lib.store.db import DB  # noqa: E402
-from lib.store.group_commit import Committer  # noqa: E402
 
 log = logging.getLogger("chaos")
 

@@ -5,7 +5,7 @@ from tests_support import make_poller
 
 from lib.insert import insert
 from lib.operate import overview
-from lib.store.group_commit import Ask, lone_step
+from lib.run.steps import Ask, lone_step
 
 
 def test_each_failed_attempt_keeps_its_error_and_traceback(db):
@@ -37,7 +37,7 @@ def test_an_outcome_sent_twice_is_kept_once_and_an_ok_adds_nothing(db):
     job_id = insert(db, "ae2", "ae2.N")
     job = p.claim()
     outcome = {
-        "id": job_id, "worker_id": p.claimer.leases.worker_id, "attempts": 1, "status": "err: boom",
+        "id": job_id, "worker_id": p.steps.leases.worker_id, "attempts": 1, "status": "err: boom",
         "retry_in": None, "last_error": "err: boom", "last_traceback": "tb", "delay": 0, "uncounted": 0,
     }  # fmt: skip
     assert job.id == job_id

@@ -13,7 +13,7 @@ from test_step_one import claim, outcome
 from tests_support import superuser_url
 
 from lib.insert import Job, insert_many
-from lib.store.group_commit import Ask, batch_step
+from lib.run.steps import Ask, batch_step
 from lib.store.sql import STATEMENTS
 
 # rows is a node's average a run (with decimals on newer servers); loops, how many times it ran.

@@ -9,9 +9,9 @@ from tests_support import make_poller, updates_held, wait_for, waiting_on
 
 from lib.greenlets.deadline import Deadline, Expired
 from lib.insert import insert
-from lib.run.outcome import Outcome
+from lib.run.execute import Outcome
+from lib.run.steps import Committer
 from lib.store.driver_errors import NoReply
-from lib.store.group_commit import Committer
 
 # The advisory lock key of this module's gate (tests_support.updates_held).
 GATE = 7_100_012
@@ -102,7 +102,7 @@ def test_a_round_trip_past_the_committers_deadline_has_no_reply_and_the_next_one
     with updates_held(db, database_url, GATE, f"NEW.id = {job.id} AND NEW.status = 'ok'"):
         began = time.monotonic()
         with gevent.Timeout(10), pytest.raises(NoReply, match=r"no answer within 0\.5s") as raised:
-            commit.send(poller.writer.outcome_params(job, Outcome("ok"), 0.0), None)
+            commit.send(poller.steps.outcome_params(job, Outcome("ok"), 0.0), None)
         assert 0.45 <= time.monotonic() - began < 5
         stuck = raised.value.backend_pid
         assert stuck and db.query_row("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (stuck,)) == (1,)
@@ -110,5 +110,5 @@ def test_a_round_trip_past_the_committers_deadline_has_no_reply_and_the_next_one
         wait_for(lambda: not waiting_on(db, "advisory"), timeout=10)
     # The cut batch's connection was not kept: the next batches go on a fresh one.
     for _ in range(3):
-        assert commit.send(None, poller.claimer.params(None, 1)).row is not None
+        assert commit.send(None, poller.steps.params(None, 1)).row is not None
     assert db.query_row("SELECT status FROM jobs WHERE id = %s", (job.id,)) == ("started",)

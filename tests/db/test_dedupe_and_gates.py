@@ -133,7 +133,7 @@ def test_throttle_holds_for_the_queue_across_processes(db, database_url):
     assert done.stdout.strip() == "ok"
     assert dict(db.query("SELECT id, status FROM jobs")) == {first: "ok", second: "pending"}
     other = make_poller("t", db, {"t.N": lambda job: "ok"})
-    job, wait = other.claimer.claim(None, 0)
+    job, wait = other.steps.claim(None, 0)
     assert job is None and 0 < wait <= 30
     assert count_jobs(db, "status = 'pending'") == 1
     # Once the pause is over (moved back by hand here), any worker goes on.
@@ -165,7 +165,7 @@ def test_pause_with_an_end_time_ends_by_itself(db):
     poller = make_poller("p", db, {"p.N": lambda job: "ok"})
     insert(db, "p", "p.N")
     pause(db, "p", "brief", until=datetime.now(UTC) + timedelta(hours=1))
-    job, wait = poller.claimer.claim(None, 0)
+    job, wait = poller.steps.claim(None, 0)
     assert job is None and 3500 < wait <= 3600
     pause(db, "p", "brief", until=datetime.now(UTC) - timedelta(seconds=1))
     assert poller.work_once() == "ok"
@@ -183,7 +183,7 @@ def test_resume_by_prefix_leaves_other_pauses(db):
 def test_idle_poller_learns_when_its_next_delayed_job_is_due(db):
     poller = make_poller("r", db, {"r.N": lambda job: "ok"})
     insert(db, "r", "r.N", run_at=datetime.now(UTC) + timedelta(seconds=90))
-    job, wait = poller.claimer.claim(None, 0)
+    job, wait = poller.steps.claim(None, 0)
     assert job is None and 80 < wait <= 90
 
 

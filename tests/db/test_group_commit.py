@@ -13,17 +13,16 @@ import pytest
 from gevent.event import Event
 from tests_support import count_jobs, make_poller, poll_until, running_worker, updates_held, wait_for, waiting_on
 
-import lib.greenlets.standby
+import lib.run.steps
 from lib.insert import Job, insert, insert_many
-from lib.run.outcome import Outcome
+from lib.run.execute import Outcome
 from lib.run.queue import Queue
 from lib.run.runtime import Runtime
+from lib.run.steps import Ask, lone_step
 from lib.setup.settings import Settings
-from lib.store import group_commit
 from lib.store.binding import array_text
 from lib.store.db import DB
 from lib.store.driver_errors import NoReply
-from lib.store.group_commit import Ask, lone_step
 from lib.store.wakeups import Listener
 
 # The advisory lock key of this module's gate (tests_support.updates_held).
@@ -50,14 +49,14 @@ def test_a_throttling_outcome_in_flight_holds_back_another_process_claim(db, oth
     conn = psycopg2.connect(database_url)
     try:
         with conn.cursor() as cur:
-            cur.execute(*lone_step(Ask(a.writer.outcome_params(job, Outcome("ok"), 0.5), None)))
+            cur.execute(*lone_step(Ask(a.steps.outcome_params(job, Outcome("ok"), 0.5), None)))
             assert [row[2] for row in cur.fetchall()] == [job.id]  # written
             # A's outcome is in flight: B's claim neither waits for it nor passes the gate.
-            assert b.claimer.claim(None, 0) == (None, 0.05)
+            assert b.steps.claim(None, 0) == (None, 0.05)
         conn.commit()
     finally:
         conn.close()
-    looked, wait = b.claimer.claim(None, 0)
+    looked, wait = b.steps.claim(None, 0)
     assert looked is None and 0.3 < wait <= 0.5
     wait_for(lambda: b.claim() is not None)
     gap = db.query_row(
@@ -183,7 +182,7 @@ def test_a_held_head_row_is_never_passed_over(db, database_url):
     try:
         with conn.cursor() as cur:
             cur.execute("SELECT 1 FROM jobs WHERE id = %s FOR UPDATE", (head,))
-            assert poller.claimer.claim(None, 0) == (None, 0.05)  # look again shortly; job 2 stays
+            assert poller.steps.claim(None, 0) == (None, 0.05)  # look again shortly; job 2 stays
             assert db.query_row("SELECT status FROM jobs WHERE id = %s", (second,)) == ("pending",)
         conn.rollback()  # answered once the lock is gone, which a close is not
     finally:
@@ -304,7 +303,7 @@ def test_a_lone_outcome_cut_off_in_its_greenlet_leaves_the_committer_sending(db,
     on the way (a trigger holds its update), that greenlet takes the
     batch down with it: the ask hears so, and the ask queued behind it still
     goes, with no sender left from before to find it, and so does the next."""
-    monkeypatch.setattr(lib.greenlets.standby, "LINGER", 0.05)
+    monkeypatch.setattr(lib.run.steps, "LINGER", 0.05)
     poller = make_poller("cut", db, {"cut.N": lambda job: "ok"})
     first = insert(db, "cut", "cut.N")
     job = poller.claim()
@@ -313,9 +312,9 @@ def test_a_lone_outcome_cut_off_in_its_greenlet_leaves_the_committer_sending(db,
     wait_for(lambda: commit._sender._greenlet.dead, timeout=5)
     batches = calls_of(commit, "_commit")
     with updates_held(db, database_url, GATE, f"NEW.id = {first} AND NEW.status = 'ok'"):
-        writing = gevent.spawn(commit.send, poller.writer.outcome_params(job, Outcome("ok"), 0.0), None)
+        writing = gevent.spawn(commit.send, poller.steps.outcome_params(job, Outcome("ok"), 0.0), None)
         wait_for(lambda: waiting_on(db, "advisory"), timeout=10)
-        claiming = gevent.spawn(commit.send, None, poller.claimer.params(None, 0))
+        claiming = gevent.spawn(commit.send, None, poller.steps.params(None, 0))
         gevent.sleep(0)  # it queues behind the batch on its way
         assert not claiming.ready()
         writing.kill()
@@ -325,7 +324,7 @@ def test_a_lone_outcome_cut_off_in_its_greenlet_leaves_the_committer_sending(db,
         reply = claiming.get(timeout=10)
         assert reply.row is not None and reply.row[0] is None
         with gevent.Timeout(10):
-            assert commit.send(None, poller.claimer.params(None, 0)).row is not None
+            assert commit.send(None, poller.steps.params(None, 0)).row is not None
 
 
 def test_asks_of_one_turn_go_together_from_a_sender_that_leaves_once_idle(db, runtime, monkeypatch):
@@ -334,7 +333,7 @@ def test_asks_of_one_turn_go_together_from_a_sender_that_leaves_once_idle(db, ru
     instead of ending with each, and is gone once nothing has come for LINGER
     seconds. Once batches carry several asks, an outcome waits for the
     sender's turn too, so the outcomes of one turn go together."""
-    monkeypatch.setattr(lib.greenlets.standby, "LINGER", 0.5)
+    monkeypatch.setattr(lib.run.steps, "LINGER", 0.5)
     pollers = [make_poller(f"t{n}", db, {"t.N": lambda job: "ok"}, runtime=runtime) for n in range(3)]
     for poller in pollers:
         insert(db, poller.queue, "t.N")
@@ -347,7 +346,7 @@ def test_asks_of_one_turn_go_together_from_a_sender_that_leaves_once_idle(db, ru
 
     claimed = together(lambda p: p.claim())
     assert all(job is not None for job in claimed)
-    together(lambda p: p.completer.send(p.writer.outcome_params(claimed[pollers.index(p)], Outcome("ok"), 0.0), None))
+    together(lambda p: p.completer.send(p.steps.outcome_params(claimed[pollers.index(p)], Outcome("ok"), 0.0), None))
     assert [len(asks) for _, (asks,) in batches] == [3, 3]
     sender = batches[0][0]
     assert batches[1][0] is sender
@@ -385,7 +384,7 @@ def test_a_writer_that_makes_send_at_asks_sends_them_one_batch_on_its_way_at_a_t
     poll_until([poller], lambda: count_jobs(db, "status = 'ok'") == 640)
     assert max(at_once for _, _, at_once in batches) == 1
     by_writers = [n for by_sender, n, _ in batches if not by_sender and n > 1]
-    assert by_writers and min(by_writers) >= group_commit.SEND_AT
+    assert by_writers and min(by_writers) >= lib.run.steps.SEND_AT
     assert count_jobs(db, "status = 'ok' AND attempts = 1") == 640
 
 
@@ -406,7 +405,7 @@ def test_outcomes_of_many_queues_go_together_on_the_senders_turn(db, runtime):
 
     commit._commit = noted
     poll_until(pollers, lambda: count_jobs(db, "status = 'ok'") == 480)
-    assert max(n for _, n in batches) > group_commit.SEND_AT
+    assert max(n for _, n in batches) > lib.run.steps.SEND_AT
     assert all(by_sender for by_sender, n in batches if n > 1)
     assert count_jobs(db, "status = 'ok' AND attempts = 1") == 480
 
@@ -422,7 +421,7 @@ def test_an_outcome_the_driver_cannot_send_fails_alone(db, runtime):
     bad = Outcome("err: boom", RuntimeError("boom"), traceback="line\x00 with a NUL")
     asks = [
         gevent.spawn(
-            p.completer.send, p.writer.outcome_params(job, bad if p is pollers[0] else Outcome("ok"), 0.0), None
+            p.completer.send, p.steps.outcome_params(job, bad if p is pollers[0] else Outcome("ok"), 0.0), None
         )
         for p, job in zip(pollers, jobs, strict=True)
     ]

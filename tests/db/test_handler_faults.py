@@ -15,15 +15,15 @@ import pytest
 from gevent.event import Event
 from tests_support import ROOT, count_jobs, make_poller, wait_for
 
-import lib.run.outcome
+import lib.run.execute
 from lib.insert import insert
 from lib.job import PendingJob, Snooze
 from lib.job import status as st
-from lib.run.outcome import Outcome, Snoozed, decide
+from lib.run.execute import Outcome, Snoozed, decide
 from lib.run.poller import Poller, throttle_pause
+from lib.run.steps import Ask, batch_step
 from lib.setup import counters
 from lib.store.db import DB
-from lib.store.group_commit import Ask, batch_step
 
 FAULT_WORKER = ROOT / "tests" / "apps" / "fault_worker.py"
 
@@ -111,7 +111,7 @@ def test_a_fault_between_the_handler_and_the_write_still_ends_the_job(db, monkey
     def broken(happened: object, attempts: int, max_attempts: int, *, retry_base: float) -> Outcome:
         raise RuntimeError("a bug in the outcome")
 
-    monkeypatch.setattr(lib.run.outcome, "decide", broken)
+    monkeypatch.setattr(lib.run.execute, "decide", broken)
     ids = [insert(db, "q", "q.N") for _ in range(2)]
     _work_until(poller, lambda: count_jobs(db, UNFINISHED) == 0)
     rows = _rows(db)
@@ -226,7 +226,7 @@ def test_a_snooze_of_another_kind_of_number_is_a_float_and_stores_a_retry_that_f
     assert (status, attempts_left) == ("pending", 1)  # the attempt not counted
     assert 0.5 < due_in <= 1.5
     # Its outcome goes in a batch of the group commit with other outcomes.
-    params = poller.writer.outcome_params(job, decide(Snoozed(snooze), job.attempts, job.max_attempts), 0.0)
+    params = poller.steps.outcome_params(job, decide(Snoozed(snooze), job.attempts, job.max_attempts), 0.0)
     batch_step([Ask(params, None), Ask({**params, "id": job_id + 1}, None)])
 
 

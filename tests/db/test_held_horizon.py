@@ -12,8 +12,8 @@ import psycopg2
 import pytest
 from factory import make_jobs
 
+from lib.run.steps import Ask, lone_step
 from lib.store.db import DB
-from lib.store.group_commit import Ask, lone_step
 from tests.db.test_step_one import claim, outcome
 
 JOBS = 2400

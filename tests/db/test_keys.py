@@ -10,7 +10,7 @@ from tests_support import make_poller
 from lib.http import metrics
 from lib.insert import InvalidJob, Job, insert, insert_many
 from lib.operate import overview
-from lib.store.group_commit import Ask, batch_step
+from lib.run.steps import Ask, batch_step
 
 
 def ok(job):
@@ -25,7 +25,7 @@ def plant(db):
 def test_a_claim_passes_over_a_key_that_has_a_job_started(db):
     a1, _a2, b1, n1 = plant(db)
     p = make_poller("k", db, {"k.N": ok}, concurrency=4)
-    got = [p.claimer.claim(None, slot).job for slot in range(4)]
+    got = [p.steps.claim(None, slot).job for slot in range(4)]
     assert [j.id if j else None for j in got] == [a1, b1, n1, None]
     assert db.query_row("SELECT key FROM jobs WHERE id = %s", (a1,)) == ("A",)
 
@@ -33,7 +33,7 @@ def test_a_claim_passes_over_a_key_that_has_a_job_started(db):
 def test_a_batch_claims_one_job_of_a_key(db):
     a1, _a2, b1, n1 = plant(db)
     p = make_poller("k", db, {"k.N": ok}, concurrency=4)
-    rows = db.query(*batch_step([Ask(None, p.claimer.params(None, slot)) for slot in range(4)]))
+    rows = db.query(*batch_step([Ask(None, p.steps.params(None, slot)) for slot in range(4)]))
     assert sorted(row[2] for row in rows if row[2] is not None) == [a1, b1, n1]
 
 

@@ -22,7 +22,7 @@ from tests_support import make_poller, wait_for, waiting_on
 from lib.background.leases import Leases
 from lib.insert import MAX_NAME_CHARS, InvalidJob, insert
 from lib.job import status as st
-from lib.run.outcome import Outcome
+from lib.run.execute import Outcome
 from lib.run.poller import Poller
 from lib.run.runtime import Runtime
 from lib.store.db import DB
@@ -120,7 +120,7 @@ def test_a_batch_writes_every_outcome_but_one_whose_row_another_transaction_hold
     held_job = claimed[1][1]
     with row_held(database_url, held_job.id), gevent.Timeout(5):
         asks = [
-            gevent.spawn(p.completer.send, p.writer.outcome_params(job, Outcome("ok"), 0.0), None) for p, job in claimed
+            gevent.spawn(p.completer.send, p.steps.outcome_params(job, Outcome("ok"), 0.0), None) for p, job in claimed
         ]
         gevent.joinall(asks, raise_error=True)
         assert not waiting_on(db, "transactionid")
@@ -163,7 +163,7 @@ def test_a_throttling_outcome_whose_queue_row_is_held_waits_on_nothing(db, datab
             cur.execute("UPDATE job_queues SET paused_until = NULL WHERE queue = 'a'")
         with gevent.Timeout(5):
             asks = [
-                gevent.spawn(p.completer.send, p.writer.outcome_params(job, Outcome("ok"), 5.0), None)
+                gevent.spawn(p.completer.send, p.steps.outcome_params(job, Outcome("ok"), 5.0), None)
                 for p, job in claimed
             ]
             gevent.joinall(asks, raise_error=True)
@@ -178,7 +178,7 @@ def test_a_value_one_ask_cannot_send_fails_that_ask_alone(db):
     object for a status): the batch goes again ask by ask; a Decimal is then
     written as the number it is, an object fails its own ask alone."""
     claimed = _claimed(db, ["a", "b", "c", "d"])
-    params = [p.writer.outcome_params(job, Outcome("ok"), 0.0) for p, job in claimed]
+    params = [p.steps.outcome_params(job, Outcome("ok"), 0.0) for p, job in claimed]
     params[0]["delay"] = Decimal("1.5")
     params[2]["status"] = object()
     asks = [gevent.spawn(p.completer.send, o, None) for (p, _), o in zip(claimed, params, strict=True)]

@@ -499,7 +499,7 @@ def test_racing_claimers_keep_fifo(db, database_url):
             # a waits at the gate inside its update: it holds the head's row lock now.
             wait_for(lambda: waiting_on(db, "advisory"))
             # b neither waits behind a nor takes the row after a's.
-            assert b.claimer.claim(None, 0) == (None, 0.05)
+            assert b.steps.claim(None, 0) == (None, 0.05)
             gate.open()
             assert claiming_a.get().id == head
         assert dict(db.query("SELECT id, status FROM jobs")) == {head: "started", second: "pending"}

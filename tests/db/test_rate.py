@@ -12,9 +12,9 @@ from lib.job import Rate
 from lib.operate import setup_check
 from lib.run.queue import Queue
 from lib.run.rates import declare_rate
+from lib.run.steps import Ask, batch_step, lone_step
 from lib.setup.parsers import SettingError
 from lib.store.db import DB
-from lib.store.group_commit import Ask, batch_step, lone_step
 
 
 def ok(job):
@@ -37,7 +37,7 @@ def test_a_rate_starts_a_burst_then_one_job_a_spacing(db):
     the spacing, as the claim reports it."""
     p = rated("r", db, Rate(1, per=30, burst=3), concurrency=5)
     ids = fill(db, "r", 5)
-    got = [p.claimer.claim(None, slot) for slot in range(5)]
+    got = [p.steps.claim(None, slot) for slot in range(5)]
     assert [g.job.id for g in got if g.job is not None] == ids[:3]
     assert got[3].job is None and 29 < got[3].wait <= 30
     assert got[4].job is None and 29 < got[4].wait <= 30
@@ -49,7 +49,7 @@ def test_a_batch_of_claims_takes_no_more_than_the_rate(db):
     p = rated("rb", db, Rate(1, per=30, burst=2), concurrency=5)
     free = rated("free", db, None)
     rb, fr = fill(db, "rb", 5), fill(db, "free", 1)
-    asks = [Ask(None, p.claimer.params(None, slot)) for slot in range(5)] + [Ask(None, free.claimer.params(None, 0))]
+    asks = [Ask(None, p.steps.params(None, slot)) for slot in range(5)] + [Ask(None, free.steps.params(None, 0))]
     rows = db.query(*batch_step(asks))
     claimed = sorted(row[2] for row in rows if row[2] is not None)
     assert claimed == sorted(rb[:2] + fr)
@@ -61,9 +61,9 @@ def test_queues_that_share_a_key_share_one_rate(db):
     shared = Rate(1, per=30, burst=2, key="one-api")
     a, b = rated("ka", db, shared), rated("kb", db, shared, concurrency=2)
     fill(db, "ka", 2), fill(db, "kb", 2)
-    assert a.claimer.claim(None, 0).job is not None
-    assert b.claimer.claim(None, 0).job is not None
-    third = b.claimer.claim(None, 1)
+    assert a.steps.claim(None, 0).job is not None
+    assert b.steps.claim(None, 0).job is not None
+    third = b.steps.claim(None, 1)
     assert third.job is None and 29 < third.wait <= 30
 
 
@@ -81,15 +81,15 @@ def test_a_claim_in_flight_holds_back_another_process_claim_of_the_same_rate(db,
         conn = psycopg2.connect(database_url)
         try:
             with conn.cursor() as cur:
-                cur.execute(*lone_step(Ask(None, a.claimer.params(None, 0))))
+                cur.execute(*lone_step(Ask(None, a.steps.params(None, 0))))
                 assert cur.fetchone()[2] is not None  # A claimed, in its open transaction
                 started = time.monotonic()
-                assert b.claimer.claim(None, 0) == (None, 0.05)
+                assert b.steps.claim(None, 0) == (None, 0.05)
                 assert time.monotonic() - started < 1  # not waited for
             conn.commit()
         finally:
             conn.close()
-        after = b.claimer.claim(None, 0)
+        after = b.steps.claim(None, 0)
         assert after.job is None and 29 < after.wait <= 30
     finally:
         other.close()
@@ -101,7 +101,7 @@ def test_a_rate_dropped_from_the_definition_is_cleared_at_the_next_declaration(d
     assert db.query_row("SELECT rate_key FROM job_queues WHERE queue = 'gone'") == ("gone",)
     assert declare_rate(db, "gone", None)
     p = rated("gone", db, None, concurrency=3)
-    assert all(p.claimer.claim(None, slot).job is not None for slot in range(3))
+    assert all(p.steps.claim(None, slot).job is not None for slot in range(3))
 
 
 def test_a_declaration_gives_up_on_a_row_another_transaction_holds(db, database_url):

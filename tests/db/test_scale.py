@@ -11,8 +11,8 @@ from tests_support import make_poller, wait_for
 from lib.insert import Job, insert_many
 from lib.operate.queue_state import scale
 from lib.run.runtime import Runtime
+from lib.run.steps import Ask, batch_step
 from lib.store.db import DB
-from lib.store.group_commit import Ask, batch_step
 from lib.store.wakeups import Listener
 
 
@@ -24,14 +24,14 @@ def test_slots_above_the_concurrency_set_claim_nothing(db):
     p = make_poller("s", db, {"s.N": ok}, concurrency=4)
     insert_many(db, [Job("s", "s.N") for _ in range(8)])
     scale(db, "s", 2, "test")
-    got = [p.claimer.claim(None, slot) for slot in range(4)]
+    got = [p.steps.claim(None, slot) for slot in range(4)]
     assert [g.job is not None for g in got] == [True, True, False, False]
     assert got[2].wait is None and got[3].wait is None  # nothing to wait for: woken when scaled up
     # In one batch too: the slots above are not free.
-    rows = db.query(*batch_step([Ask(None, p.claimer.params(None, slot)) for slot in range(4)]))
+    rows = db.query(*batch_step([Ask(None, p.steps.params(None, slot)) for slot in range(4)]))
     assert [row[2] for row in rows if row[2] is not None] == []
     scale(db, "s", None, "test")  # back to the definition's 4
-    rows = db.query(*batch_step([Ask(None, p.claimer.params(None, slot)) for slot in range(4)]))
+    rows = db.query(*batch_step([Ask(None, p.steps.params(None, slot)) for slot in range(4)]))
     assert sorted(row[-1] for row in rows if row[2] is not None) == [2, 3]
     assert db.query_row("SELECT scaled_to, scaled_by FROM job_queues WHERE queue = 's'") == (None, "test")
 

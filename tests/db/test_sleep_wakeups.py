@@ -78,7 +78,7 @@ def test_a_poller_cannot_sleep_while_an_enqueue_of_its_queue_is_in_flight(db, da
         with app.cursor() as cur:
             insert(cur, "q", "q.N")  # uncommitted
             assert db.query_row("SELECT jobs_sleep('q')") == ("enqueuing",)
-            found = poller.claimer.claim(None, 0)
+            found = poller.steps.claim(None, 0)
             assert found.job is None and found.wait == 0.5  # it looks again in half a second
         app.commit()
         assert db.query_row("SELECT jobs_sleep('q')") == ("due",)

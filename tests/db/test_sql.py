@@ -1,8 +1,8 @@
 import psycopg2
 import pytest
 
+from lib.run.steps import Ask, lone_step
 from lib.store.db import DB
-from lib.store.group_commit import Ask, lone_step
 from lib.store.sql import STATEMENTS, Named, Q, parse, statement
 
 

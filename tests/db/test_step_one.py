@@ -3,7 +3,7 @@ that one ask (sql/rules/step.sql; both call the rules of sql/rules/rules.sql): t
 rows written, the same job claimed, the same wait, in every case a claim or an
 outcome can meet.
 
-Each case is set up once; then each function runs it, as lib.store.group_commit sends it,
+Each case is set up once; then each function runs it, as lib.run.steps sends it,
 in a transaction of its own that is rolled back, from the same state. Another
 connection holds what another process would hold (a row, the queue's turn)."""
 
@@ -18,8 +18,8 @@ from factory import make_jobs
 
 from lib.insert import insert
 from lib.operate.queue_state import pause
+from lib.run.steps import QUEUE_TURN_KEY, Ask, batch_step, lone_step
 from lib.store.db import DB
-from lib.store.group_commit import QUEUE_TURN_KEY, Ask, batch_step, lone_step
 
 Pair = tuple[dict[str, Any] | None, dict[str, Any] | None]  # (outcome, claim)
 # jobs_step_one's floats come from now() of its own transaction: a wait or a

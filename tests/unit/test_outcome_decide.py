@@ -6,7 +6,7 @@ import pytest
 from lib.background.leases import LeaseLost
 from lib.job import Snooze
 from lib.job import status as st
-from lib.run.outcome import (
+from lib.run.execute import (
     Abandon,
     ArgsUnreadable,
     BadArgs,
