@@ -384,7 +384,7 @@ def run(
     # and one per spell: a part that succeeds while others fail (a read while
     # writes are refused) does not end it.
     outage = Outage("database", quiet=OUTAGE_QUIET)
-    queues, registered, declaring = _queues_to_run(db, registry, settings.queues, outage)
+    queues, registered, declaring, known = _queues_to_run(db, registry, settings.queues, outage)
     # Before any part starts: a start-up report, not a step in their timing.
     _say_unrun(db, registered)
     legacy_age = max((q.job_timeout for q in queues), default=600.0) + 60
@@ -409,6 +409,7 @@ def run(
         committer,
         outage=outage,
         poll_interval=settings.queue_poll_interval(listening=listen_url is not None),
+        known=known,
     )
     pollers = [Poller(q, db, runtime) for q in queues]
     slots = sum(p.concurrency for p in pollers)
@@ -521,7 +522,7 @@ def _router(pollers: Sequence[Poller]) -> Callable[[str], None]:
 
 def _queues_to_run(
     db: DB, registry: Registry, only: frozenset[str] | None = None, outage: Outage | None = None
-) -> tuple[list[Queue], dict[str, str | None], dedupe.Waiting]:
+) -> tuple[list[Queue], dict[str, str | None], dedupe.Waiting, dict[str, frozenset[str]]]:
     """Define the queues; say once which are off and why, declare the job
     names that dedupe, and end the pauses a rejected token caused (this
     start may be the one after the token was fixed). The queues that run
@@ -529,7 +530,8 @@ def _queues_to_run(
     off ones too (their rows wait for a token or another process, not for a
     queue that does not exist), each with why it is off (None: on), and the
     declarations that must wait for transactions that wrote jobs, for the
-    worker to retry while it runs."""
+    worker to retry while it runs, and the job names of every registered
+    queue (those a follow-up may name without asking who handles it)."""
     queues: list[Queue] = []
     registered: dict[str, str | None] = {}
     declaring = dedupe.Waiting(db, outage)
@@ -552,7 +554,7 @@ def _queues_to_run(
         if resume(db, queue.name, prefix=AUTH_PREFIX):
             log.info("queue=%s auth pause ended at start", queue.name)
         queues.append(queue)
-    return queues, registered, declaring
+    return queues, registered, declaring, {queue.name: queue.handles for queue in made}
 
 
 if __name__ == "__main__":

@@ -83,17 +83,18 @@ def insert(
     return found[0][0] if found else None
 
 
-def insert_many(db: Any, jobs: Iterable[Job]) -> list[int]:
+def insert_many(db: Any, jobs: Iterable[Job], *, callsite: str | None = None) -> list[int]:
     """Write many jobs in one statement; the ids of the rows written, in the
-    order given (a suppressed duplicate has no id, so the list may be shorter)."""
+    order given (a suppressed duplicate has no id, so the list may be shorter).
+    callsite as for insert."""
     jobs = list(jobs)
     if not jobs:
         return []
     # Each column goes as one JSON array: psycopg2 would write a list as an
     # ARRAY[...] of one literal per job, which costs more to build and to parse.
-    texts = [_checked(j.queue, j.name, j.args, j.run_at, j.priority, j.max_attempts) for j in jobs]
+    texts = [checked(j) for j in jobs]
     params = {
-        "callsite": _callsite(),
+        "callsite": callsite or _callsite(),
         "queues": _encode([j.queue for j in jobs]),
         "names": _encode([j.name for j in jobs]),
         "args": f"[{','.join(texts)}]",
@@ -182,7 +183,12 @@ def check_name(field: str, value: Any) -> str:
     return value
 
 
-def _checked(queue: Any, name: Any, args: Any, run_at: Any, priority: Any, max_attempts: Any) -> str:
+def checked(job: Job) -> str:
+    """The job's args as JSON text, once every field is known good; else InvalidJob."""
+    return _checked(job.queue, job.name, job.args, job.run_at, job.priority, job.max_attempts, job.key)
+
+
+def _checked(queue: Any, name: Any, args: Any, run_at: Any, priority: Any, max_attempts: Any, key: Any = None) -> str:
     """A job's args as JSON text, once every field is known good; else InvalidJob."""
     check_name("queue", queue)
     check_name("name", name)
@@ -194,6 +200,7 @@ def _checked(queue: Any, name: Any, args: Any, run_at: Any, priority: Any, max_a
         raise InvalidJob(f"max_attempts must be a positive int or None, got {max_attempts!r}")
     if run_at is not None and (not isinstance(run_at, datetime) or run_at.tzinfo is None):
         raise InvalidJob("run_at must be a timezone-aware datetime (a naive one is ambiguous)")
+    _key(key)
     return encode_args(args)
 
 

@@ -35,6 +35,11 @@ FROM jobs_step(%(o_id)s::bigint[], %(o_worker_id)s::text[], %(o_attempts)s::int[
                %(c_queue)s::text[], %(c_slot)s::int[], %(c_worker_id)s::text[], %(c_lease)s::float8[],
                %(c_max_attempts)s::int[], %(c_id)s::bigint[])
 
+-- name: job_ending
+-- Before an outcome that enqueues follow-ups is written, in its transaction: the row's status and whether this transaction now holds the row, while it is still this claim's (its worker and attempt); no row once it is another claim's. A row another transaction holds is not waited for.
+SELECT j.status, (SELECT k.id FROM jobs k WHERE k.id = j.id FOR UPDATE SKIP LOCKED) IS NOT NULL
+FROM jobs j WHERE j.id = %(id)s AND j.worker_id = %(worker_id)s AND j.attempts = %(attempts)s;
+
 -- name: job_claimed_by
 -- The job a slot of this worker holds started, in job_claim's columns: what a claim whose reply was lost committed. Rows the worker already knows (runs, finalizes, gave up on) are passed over.
 SELECT id, name, args::text, attempts, max_attempts, callsite,

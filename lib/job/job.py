@@ -11,6 +11,24 @@ from typing import Any
 from lib.job import status as st
 from lib.job.text import describe, safe_text
 
+# The kinds of outcome a follow-up may be written with: the job's answers.
+# A fault (err:) is retried or reported, never followed up.
+FOLLOW_KINDS = frozenset({st.Kind.OK, st.Kind.FAIL, st.Kind.SKIP})
+
+
+@dataclass(frozen=True)
+class FollowUp:
+    """A job to enqueue when the one that adds it ends (PendingJob.then)."""
+
+    queue: str
+    name: str
+    args: Any = None
+    run_at: Any = None  # a timezone-aware datetime, or None: due at once
+    priority: int = 0
+    max_attempts: int | None = None
+    key: str | None = None
+    when: frozenset[st.Kind] = frozenset({st.Kind.OK})
+
 
 @dataclass(frozen=True)
 class PendingJob:
@@ -31,6 +49,34 @@ class PendingJob:
     budgets: Any = field(default=None, repr=False, compare=False)
     # What spent() has reported so far, by unit.
     reported: dict[str, float] = field(default_factory=dict, repr=False, compare=False)
+    # The jobs then() added, written with this job's outcome.
+    followups: list[FollowUp] = field(default_factory=list, repr=False, compare=False)
+
+    def then(
+        self,
+        queue: str,
+        name: str,
+        args: Any = None,
+        *,
+        run_at: Any = None,
+        priority: int = 0,
+        max_attempts: int | None = None,
+        key: str | None = None,
+        when: str | tuple[str, ...] = "ok",
+    ) -> None:
+        """Enqueue a job when this one ends, with the options of insert. It is
+        written in the transaction that stores this job's outcome, so it
+        exists exactly when that outcome does: a worker killed at any moment
+        leaves neither without the other, and a run that never stores its
+        outcome (a retry, a rescue) adds nothing. when: the outcomes that
+        write it, "ok" (the default), "fail" or "skip", or several; a fault
+        never does. The job's fields are checked when the handler returns:
+        a bad one fails this job, saying which."""
+        kinds = {when} if isinstance(when, str) else set(when)
+        wanted = frozenset(k for k in FOLLOW_KINDS if k.value in kinds)
+        if not wanted or len(wanted) != len(kinds):
+            raise ValueError(f"then(when=...) takes 'ok', 'fail' or 'skip', or several, not {when!r}")
+        self.followups.append(FollowUp(queue, name, args, run_at, priority, max_attempts, key, wanted))
 
     def spent(self, **units: float) -> None:
         """What this job spent of its queue's budgets (tokens_in=1200,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
@@ -19,6 +20,7 @@ from lib.greenlets.deadline import Deadline
 from lib.job import Handler, PendingJob, Snooze
 from lib.job import status as st
 from lib.job.text import describe
+from lib.run import followups
 from lib.run.budget import Budgets
 from lib.run.queue import Queue
 from lib.setup.error_reports import capture, configured_secrets, reporting, traceback_text
@@ -99,6 +101,8 @@ class Outcome:
     counted: bool = True  # whether this attempt counts against max_attempts
     traceback: str | None = None  # the error's, bounded (lib.setup.error_reports.traceback_text)
     hold: float = 0.0  # seconds the queue takes no job after this one, in every process
+    # The jobs this outcome enqueues, in its own transaction (PendingJob.then).
+    followups: tuple[Any, ...] = field(default=(), compare=False)
     # What the row stores as its status and its last error; set from the above.
     stored: str = field(init=False, compare=False)
     last_error: str | None = field(init=False, compare=False)
@@ -193,7 +197,17 @@ _NOT_THE_JOBS = (GreenletExit, KeyboardInterrupt, SystemExit)
 
 
 class Executor:
-    def __init__(self, queue: Queue, db: DB, leases: Leases, budgets: Budgets | None = None) -> None:
+    def __init__(
+        self,
+        queue: Queue,
+        db: DB,
+        leases: Leases,
+        budgets: Budgets | None = None,
+        known: Mapping[str, frozenset[str]] | None = None,
+    ) -> None:
+        # The job names of every queue the worker defines, that a follow-up
+        # may name without asking the database (None: any name goes).
+        self.known = known
         self.queue = queue.name
         self.retry_base = queue.retry_base
         self.budgets = budgets
@@ -208,9 +222,17 @@ class Executor:
         self._deadlines: dict[int, Deadline] = {}
 
     def run(self, job: PendingJob, slot: int) -> Decision:
-        """Run the job, and decide what its row stores. The worker's own kill
-        goes on up."""
-        return recorded(self.queue, job, self.execute(job, slot), retry_base=self.retry_base)
+        """Run the job, and decide what its row stores, with the follow-ups
+        its outcome writes. The worker's own kill goes on up."""
+        decision = recorded(self.queue, job, self.execute(job, slot), retry_base=self.retry_base)
+        if job.followups and isinstance(decision, Outcome):
+            try:
+                jobs = followups.to_write(job, decision.status, decision.retry_in, self.known, self.db)
+            except Exception as exc:
+                return recorded(self.queue, job, Raised(exc), retry_base=self.retry_base)
+            if jobs:
+                return replace(decision, followups=jobs)
+        return decision
 
     def execute(self, job: PendingJob, slot: int) -> Happened:
         """Run the job's handler. The job's lease is held from here until the

@@ -74,7 +74,7 @@ class Poller:
         budgets = (
             Budgets(name, db, limits_key(name, queue.rate, queue.budgets), queue.budgets) if queue.budgets else None
         )
-        self.executor = Executor(queue, db, self.leases, budgets)
+        self.executor = Executor(queue, db, self.leases, budgets, runtime.known)
         self.releaser = Releaser(name, db, self.leases)
         self.steps = Steps(queue, db, runtime, release=self.releaser.release, outage=self.outage)
 

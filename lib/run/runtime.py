@@ -4,6 +4,7 @@ wait out an outcome's write, the completer, and the cap on their fallback poll."
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from lib.background.leases import Leases
@@ -28,6 +29,9 @@ class Runtime:
     # The longest a poller sleeps between looks at its queue: shorter when no
     # LISTEN wakes it.
     poll_interval: float | None = None
+    # The job names of every queue the worker defines, which a follow-up may
+    # name (PendingJob.then); None: any name goes (pollers without a worker).
+    known: Mapping[str, frozenset[str]] | None = None
 
     @classmethod
     def alone(

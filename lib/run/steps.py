@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import gevent
 from gevent.event import AsyncResult, Event
 
-from lib.insert import MAX_ARGS_BYTES, oversize
+from lib.insert import MAX_ARGS_BYTES, Job, insert_many, oversize
 from lib.job import PendingJob
 from lib.job import status as st
 from lib.run.execute import Outcome
@@ -123,6 +123,14 @@ class ClaimResult(NamedTuple):
 
     job: PendingJob | None
     wait: float | None = None
+
+
+class _Undone(Exception):
+    """Rolls back an outcome's transaction whose update did not land."""
+
+    def __init__(self, reply: Reply) -> None:
+        super().__init__("the outcome was not written")
+        self.reply = reply
 
 
 class RollbackProbe(Exception):
@@ -415,7 +423,7 @@ class Steps:
         settled first (the claim may have), and the outcome goes alone unless
         it went with the claim. What the claim sent with it found, if it went."""
         params = self.outcome_params(job, outcome, delay)
-        if next_slot is not None:
+        if next_slot is not None and not outcome.followups:
             try:
                 reply = self.completer.send(params, self.params(None, next_slot))
             except Exception as exc:
@@ -499,7 +507,12 @@ class Steps:
         said = False
         while True:
             try:
-                reply = self.completer.send(params, None)
+                # The follow-ups go with the outcome they were added for, not
+                # with one that replaced it.
+                if outcome.followups and params["status"] == outcome.stored:
+                    reply = self._send_with_followups(job, params, outcome.followups)
+                else:
+                    reply = self.completer.send(params, None)
             except Exception as exc:
                 if _refused_value(exc):
                     status = next(replacements, None)
@@ -529,6 +542,28 @@ class Steps:
                 job_log.warning("queue=%s id=%d outcome not written yet, trying again: %s", self.queue, job.id, first)
             # The last try goes at the end of the tries, not a whole backoff before it.
             gevent.sleep(min(retry.failed(), left))
+
+    def _send_with_followups(self, job: PendingJob, params: dict[str, Any], followups: tuple[Job, ...]) -> Reply:
+        """The outcome and the jobs it enqueues, in one transaction of their
+        own (the group commit's batches carry outcomes alone). The row is
+        locked first: when it no longer holds this claim started, an earlier
+        try committed (the outcome and its follow-ups, whose reply was lost)
+        or a rescue took it; neither writes anything now."""
+        ask = Ask(params, None)
+        try:
+            with self.db.transaction() as tx:
+                found = tx.query_row(Q.job_ending, params)
+                if found is None or found[0] != st.STARTED:
+                    return Reply(found is not None, None)
+                if not found[1]:
+                    return Reply(False, None, held=True)
+                reply = _Answers(tx.query(*lone_step(ask))).reply(ask)
+                if not reply.written:
+                    raise _Undone(reply)
+                insert_many(tx, followups, callsite=f"then of job {job.id}")
+                return reply
+        except _Undone as undone:
+            return undone.reply
 
     def _give_up(self, job: PendingJob, why: str, exc: BaseException | None, tags: dict[str, Any]) -> None:
         """The outcome cannot be written: the row stays started, and the rescue

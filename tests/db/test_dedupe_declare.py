@@ -46,7 +46,7 @@ def declare(db: DB, names: set[str]) -> None:
     """What a worker does at start for a queue dd whose definition lists names,
     and then while it runs until the declaration is done."""
     handlers = {name: lambda job: "ok" for name in ("dd.A", "dd.B", "dd.C")}
-    _, _, waiting = _queues_to_run(db, [lambda db: Queue("dd", handlers, dedupe=names)])
+    _, _, waiting, _ = _queues_to_run(db, [lambda db: Queue("dd", handlers, dedupe=names)])
     waiting.until_done(Event())
 
 
