@@ -554,7 +554,7 @@ class Steps:
             with self.db.transaction() as tx:
                 found = tx.query_row(Q.job_ending, params)
                 if found is None or found[0] != st.STARTED:
-                    return Reply(found is not None, None)
+                    return Reply(found is not None and found[0] == params["status"], None)
                 if not found[1]:
                     return Reply(False, None, held=True)
                 reply = _Answers(tx.query(*lone_step(ask))).reply(ask)
