@@ -107,21 +107,23 @@ class _Reserved(_Runner):
 
     def __init__(self, db: DB) -> None:
         self.db = db
-        # One statement at a time, so one deadline serves them all.
+        # One statement at a time on the connection, so one deadline serves them all.
         self._deadline = Deadline(0)
 
     def query_within(self, seconds: float, sql: str, params: Params = None) -> list[Row]:
-        """query(), or NoReply when no answer comes within seconds (the
-        server or the way to it hangs): the connection is discarded, and
-        the server process is noted on the exception, for settle()."""
-        self._deadline.seconds = seconds
-        try:
-            with self._deadline:
-                return self.query(sql, params)
-        except Expired as exc:
-            lost = NoReply(f"no answer within {seconds:g}s")
-            lost.backend_pid = getattr(exc, "backend_pid", None)  # type: ignore[attr-defined]
-            raise lost from None
+        """query(), or NoReply when no answer comes within seconds of the
+        statement's start (the server or the way to it hangs): the connection
+        is discarded, and the server process noted on the exception, for
+        settle(). The deadline starts once the connection is this caller's,
+        so only one block is in it at a time, whoever else shares the pool."""
+        with self._cursor() as cur:
+            self._deadline.seconds = seconds
+            try:
+                with self._deadline:
+                    cur.execute(bind(cur, sql, params, self.prepare))
+                    return cur.fetchall()
+            except Expired:
+                raise NoReply(f"no answer within {seconds:g}s") from None
 
     @property
     def prepare(self) -> bool:  # type: ignore[override]
