@@ -237,7 +237,7 @@ def _failed_params(queue: str | None, name: str | None, limit: int | None) -> Ca
 
 
 def _redrive_ids(n: int) -> Callable[[Table], dict[str, Any]]:
-    return lambda t: {"ids": t.failures[:n], "queue": None, "name": None}
+    return lambda t: {"ids": t.failures[:n], "queue": None, "name": None, "fresh": False}
 
 
 def probes(args: argparse.Namespace, queues: list[str]) -> list[Probe]:
@@ -283,7 +283,7 @@ def probes(args: argparse.Namespace, queues: list[str]) -> list[Probe]:
             "redrive_name",
             "job_redrive, queue+name (lib.operate.redrive)",
             Q.job_redrive,
-            lambda t: {"ids": None, "queue": QUEUE, "name": RECENT_NAME},
+            lambda t: {"ids": None, "queue": QUEUE, "name": RECENT_NAME, "fresh": False},
             5,
             write=True,
         ),

@@ -95,19 +95,21 @@ def insert_many(db: Any, jobs: Iterable[Job], *, callsite: str | None = None) ->
     texts = [checked(j) for j in jobs]
     params = {
         "callsite": callsite or _callsite(),
-        "queues": _encode([j.queue for j in jobs]),
-        "names": _encode([j.name for j in jobs]),
+        "queues": encode_json([j.queue for j in jobs]),
+        "names": encode_json([j.name for j in jobs]),
         "args": f"[{','.join(texts)}]",
-        "run_ats": _encode([None if j.run_at is None else j.run_at.isoformat() for j in jobs]),
-        "priorities": _encode([j.priority for j in jobs]),
-        "max_attempts": _encode([j.max_attempts for j in jobs]),
-        "keys": _encode([_key(j.key) for j in jobs]),
+        "run_ats": encode_json([None if j.run_at is None else j.run_at.isoformat() for j in jobs]),
+        "priorities": encode_json([j.priority for j in jobs]),
+        "max_attempts": encode_json([j.max_attempts for j in jobs]),
+        "keys": encode_json([_key(j.key) for j in jobs]),
     }
     return [r[0] for r in _fetch(db, Q.job_insert_many, params, one=False)]
 
 
 # One encoder for every call: json.dumps with options builds a new one each time.
-_encode = json.JSONEncoder(allow_nan=False, separators=(",", ":"), ensure_ascii=False).encode
+# Compact, NaN and infinity refused (jsonb takes neither); also what a step's
+# result is stored as (lib/run/job_steps.py).
+encode_json = json.JSONEncoder(allow_nan=False, separators=(",", ":"), ensure_ascii=False).encode
 
 
 def encode_args(args: Any) -> str:
@@ -121,7 +123,7 @@ def encode_args(args: Any) -> str:
             raise InvalidJob(f"args must be a mapping or a dataclass instance, not {type(args).__name__}")
         args = dict(args)
     try:
-        text = _encode(args)
+        text = encode_json(args)
     except (TypeError, ValueError) as exc:
         raise InvalidJob(f"args are not JSON-serialisable: {exc}") from None
     if "\\u0000" in text:
@@ -131,13 +133,14 @@ def encode_args(args: Any) -> str:
     return text
 
 
-def oversize(args: Any, compact: str | None = None) -> str | None:
+def oversize(args: Any, compact: str | None = None, *, what: str = "args are") -> str | None:
     """Why args are over MAX_ARGS_BYTES, or None. The one measure of the
     limit, taken at insert and again at claim on the args read back from
     the row, so a job the insert takes is never refused when it is claimed:
     the size of args as compact UTF-8 JSON, each number written as the
-    database keeps it. compact: _encode(args), when the caller has it."""
-    text = _encode(args) if compact is None else compact
+    database keeps it. compact: encode_json(args), when the caller has it;
+    what: the words the reason starts with (a step's result is measured so too)."""
+    text = encode_json(args) if compact is None else compact
     # Only Python's exponents ("1e+300") are shorter than the database's
     # digits; a character is at most 4 bytes: a short text without one is
     # within the limit unmeasured.
@@ -147,7 +150,7 @@ def oversize(args: Any, compact: str | None = None) -> str | None:
     size = len(text.encode()) + (_digits_beyond_exponents(args) if exponents else 0)
     if size <= MAX_ARGS_BYTES:
         return None
-    return f"args are {size} bytes as compact JSON; the limit is {MAX_ARGS_BYTES}"
+    return f"{what} {size} bytes as compact JSON; the limit is {MAX_ARGS_BYTES}"
 
 
 def _digits_beyond_exponents(args: Any) -> int:

@@ -180,7 +180,7 @@ VALUES (%(file)s, encode(sha256(convert_to(%(text)s, 'UTF8')), 'hex'), %(version
 ON CONFLICT (file) DO UPDATE SET checksum = excluded.checksum, version = excluded.version, applied_at = now()
 
 -- name: job_delete_finished
--- Delete one batch of finished rows older than the retention age, oldest first from finished_at >= after (the last batch's newest; NULL: from the start); the rows deleted and the newest finished_at among them. Small batches hold no long lock, and pending or started rows are never touched.
+-- Delete one batch of finished rows older than the retention age, and their steps, oldest first from finished_at >= after (the last batch's newest; NULL: from the start); the rows deleted and the newest finished_at among them. Small batches hold no long lock, and pending or started rows are never touched.
 WITH gone AS (
   DELETE FROM jobs
   -- An array, not a join of jobs with itself: planning a join on id reads the
@@ -201,12 +201,17 @@ WITH gone AS (
   ))
     -- Rechecked on the row as locked: a redrive may have made it pending meanwhile.
     AND status NOT IN ('pending', 'started')
-  RETURNING finished_at
+  RETURNING id, finished_at
+),
+-- In the statement that deletes their jobs, so no step outlives its job.
+-- An array, as above: the steps' primary key is read for these ids alone.
+steps_gone AS (
+  DELETE FROM job_steps WHERE job_id = ANY(ARRAY(SELECT id FROM gone))
 )
 SELECT count(*)::int, max(finished_at) FROM gone
 
 -- name: job_redrive
--- Return chosen failed jobs to pending with one more attempt allowed, keeping last_error; of identical failed copies of a deduped job only the newest, and none while a copy holds its place in jobs_dedupe (pending or started). One row per chosen job: skipped is NULL when it was redriven, else why not.
+-- Return chosen failed jobs to pending with one more attempt allowed, keeping last_error and, unless fresh, their steps; of identical failed copies of a deduped job only the newest, and none while a copy holds its place in jobs_dedupe (pending or started). One row per chosen job: skipped is NULL when it was redriven, else why not.
 -- plan: custom
 WITH chosen AS (
   SELECT j.id, j.queue, j.name, j.args, j.finished_at,
@@ -240,6 +245,10 @@ redriven AS (
     AND starts_with(j.status, 'err: ')  -- rechecked on the row as locked: another redrive may have taken it
     AND NOT (r.dedupe AND (r.live IS NOT NULL OR r.id <> r.newest))
   RETURNING j.id
+),
+-- Fresh: the redriven jobs start over, their steps forgotten in the statement that redrives them.
+forgotten AS (
+  DELETE FROM job_steps WHERE %(fresh)s::boolean AND job_id = ANY(ARRAY(SELECT id FROM redriven))
 )
 SELECT id, NULL::text AS skipped FROM redriven
 UNION ALL

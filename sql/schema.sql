@@ -106,6 +106,16 @@ CREATE TABLE job_rates (
 );
 CREATE INDEX job_rates_grp ON job_rates ((coalesce(grp, key)));
 
+-- The result of each step a job's handler has run (PendingJob.step), so a
+-- later run of the job gets it back; deleted with its job (job_delete_finished).
+CREATE TABLE job_steps (
+  job_id bigint NOT NULL,
+  name text NOT NULL,
+  result jsonb NOT NULL,
+  stored_at timestamptz NOT NULL DEFAULT now(),
+  PRIMARY KEY (job_id, name)
+);
+
 -- The job names whose pending or started copies are unique.
 CREATE TABLE job_dedupe_names (
   queue text NOT NULL,

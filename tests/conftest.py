@@ -66,8 +66,8 @@ def db(database_url: str) -> Iterator[DB]:
     """A pool on the run's database with empty job tables."""
     pool = DB.connect(database_url, size=8, application_name="jobs-test")
     pool.exec(
-        "TRUNCATE jobs, cache_entries, job_queues, job_rates, job_dedupe_names, clock_ticks, workers, job_minutes"
-        " RESTART IDENTITY"
+        "TRUNCATE jobs, cache_entries, job_queues, job_rates, job_dedupe_names, clock_ticks, workers, job_minutes,"
+        " job_steps RESTART IDENTITY"
     )
     yield pool
     pool.close()

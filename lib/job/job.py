@@ -51,6 +51,13 @@ class PendingJob:
     reported: dict[str, float] = field(default_factory=dict, repr=False, compare=False)
     # The jobs then() added, written with this job's outcome.
     followups: list[FollowUp] = field(default_factory=list, repr=False, compare=False)
+    # Where step() keeps results (lib/run/job_steps.py), given with the claim;
+    # None: a job made outside a worker (a handler's unit test), whose steps
+    # run every time.
+    step_store: Any = field(default=None, repr=False, compare=False)
+    # The results this run has read and stored, by step name: None until its
+    # first step(), so a job that calls none costs no query.
+    step_results: dict[str, Any] | None = field(default=None, init=False, repr=False, compare=False)
 
     def then(
         self,
@@ -77,6 +84,31 @@ class PendingJob:
         if not wanted or len(wanted) != len(kinds):
             raise ValueError(f"then(when=...) takes 'ok', 'fail' or 'skip', or several, not {when!r}")
         self.followups.append(FollowUp(queue, name, args, run_at, priority, max_attempts, key, wanted))
+
+    def step(self, name: str, fn: Callable[[], Any]) -> Any:
+        """fn(), once per job: its result is stored (as JSON, in a transaction
+        of its own) as soon as it returns, and a later run of this job (a
+        retry, a run after its worker died) gets the stored result back
+        without calling fn. Use it for work that must not be paid for twice,
+        such as an API call billed by the token. The result is what a later
+        run reads back, on this run too: JSON's types (a tuple comes back a
+        list, a dict's keys strings).
+
+        fn's own exception goes on up, and nothing is stored. A name that is
+        not a non-empty string of at most 200 characters, or a result that
+        JSON cannot hold (a set, NaN) or that is over 256 KiB as compact
+        JSON, fails the job for good, naming the step. When the database
+        fails while the result is stored, that error goes on up like any
+        other (the job is retried): fn ran, and its result was not kept, so
+        the next run calls it again; so does one whose worker died between
+        fn's return and the store."""
+        store = self.step_store
+        if store is None:
+            return fn()
+        if self.step_results is None:
+            # The job is frozen for its handler; what this run has read is its own to keep.
+            object.__setattr__(self, "step_results", store.read(self.id))
+        return store.step(self.id, self.step_results, name, fn)
 
     def spent(self, **units: float) -> None:
         """What this job spent of its queue's budgets (tokens_in=1200,

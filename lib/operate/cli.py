@@ -52,6 +52,9 @@ def make_parser(settings: Settings) -> argparse.ArgumentParser:
     redrive_.add_argument("--id", type=_job_id, nargs="+", action="extend", dest="ids", metavar="ID")
     redrive_.add_argument("--since", type=_duration, help="only jobs that failed within this long (30m, 1h, 2d)")
     redrive_.add_argument("--dry-run", action="store_true", help="say what would be done, change nothing")
+    redrive_.add_argument(
+        "--fresh", action="store_true", help="forget the jobs' stored steps: each starts over (default: kept)"
+    )
     status_ = commands.add_parser("status", help="every queue and every worker, as the table shows them now")
     failed_ = commands.add_parser("failed", help="failed (err:) jobs, newest first (never their args)")
     failed_.add_argument("--queue", type=_text)

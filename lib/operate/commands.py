@@ -35,6 +35,7 @@ from lib.operate.tables import (
     ids_text,
     is_tty,
     pause_text,
+    preview,
     print_json,
     print_table,
     time_text,
@@ -158,13 +159,16 @@ def failed(db: Any, args: argparse.Namespace, out: IO[str]) -> int:
 
 
 def show(db: Any, args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
-    """One job in full, args included: asked for by id."""
+    """One job in full, args included: asked for by id. Then its steps, the
+    results kept for its later runs: each whole in JSON, a preview here."""
     job = overview.job(db, args.id)
     if job is None:
         print(f"show: no job {args.id}", file=err)
         return 1
+    steps = overview.job_steps(db, args.id)
     if args.json:
-        print_json(out, job)
+        listed = [{"name": n, "stored_at": at, "result": r} for n, at, r in steps.listed]
+        print_json(out, {**job, "steps": listed, "steps_total": steps.total})
         return 0
     width = max(map(len, job)) + 2
     for key, value in job.items():
@@ -184,7 +188,18 @@ def show(db: Any, args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         print("each attempt's error:", file=out)
         for e in job["attempt_errors"]:
             print(f"  attempt {e.get('attempt')} at {e.get('at')}: {one_line(str(e.get('error')))}", file=out)
+    if steps.listed:
+        _print_steps(steps, out)
     return 0
+
+
+def _print_steps(steps: overview.JobSteps, out: IO[str]) -> None:
+    print(f"steps ({steps.total}), kept for the job's later runs:", file=out)
+    width = max(len(one_line(name)) for name, _, _ in steps.listed) + 2
+    for name, at, result in steps.listed:
+        print(f"  {one_line(name):<{width}}{time_text(at)}  {preview(result)}", file=out)
+    if steps.total > len(steps.listed):
+        print(f"  and {steps.total - len(steps.listed)} more", file=out)
 
 
 def redrive_failed(db: Any, args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
@@ -208,9 +223,9 @@ def redrive_failed(db: Any, args: argparse.Namespace, out: IO[str], err: IO[str]
     with bar:
         if args.dry_run:
             with _rolled_back(db) as tx:
-                _redrive_batches(tx, ids, result, bar)
+                _redrive_batches(tx, ids, result, bar, fresh=args.fresh)
         else:
-            _redrive_batches(db, ids, result, bar)
+            _redrive_batches(db, ids, result, bar, fresh=args.fresh)
     if args.ids:
         # Asked for by id but not failed: say why each was left alone.
         found = dict(db.query(Q.job_status_of, {"ids": sorted(set(args.ids) - set(ids))}))
@@ -225,6 +240,8 @@ def redrive_failed(db: Any, args: argparse.Namespace, out: IO[str], err: IO[str]
     would = "would " if args.dry_run else ""
     verb = "redrive" if args.dry_run else "redrove"
     print(f"{would}{verb} {len(result.redriven)} jobs{ids_text(result.redriven)}", file=out)
+    if args.fresh and result.redriven:
+        print(f"their steps {'would be ' if args.dry_run else ''}forgotten: each starts over", file=out)
     if result.skipped:
         print(f"{would}{'skip' if args.dry_run else 'skipped'} {len(result.skipped)} jobs:", file=out)
         for job_id, why in result.skipped.items():
@@ -347,10 +364,10 @@ def _failed(
     return db.query(Q.job_failed, params)
 
 
-def _redrive_batches(db: Any, ids: Sequence[int], result: RedriveResult, bar: tqdm) -> None:
+def _redrive_batches(db: Any, ids: Sequence[int], result: RedriveResult, bar: tqdm, *, fresh: bool) -> None:
     for start in range(0, len(ids), REDRIVE_BATCH):
         batch = ids[start : start + REDRIVE_BATCH]
-        done = redrive(db, ids=batch)
+        done = redrive(db, ids=batch, fresh=fresh)
         result.redriven += done.redriven
         result.skipped.update(done.skipped)
         bar.update(len(batch))

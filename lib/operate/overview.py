@@ -140,6 +140,24 @@ def job(db: Any, job_id: int) -> dict[str, Any] | None:
     return found
 
 
+# The steps a job's page and `show` list, the first stored first.
+STEPS_SHOWN = 100
+
+
+@dataclass(frozen=True)
+class JobSteps:
+    """A job's steps (PendingJob.step) as stored: the first STEPS_SHOWN, each
+    (name, stored_at, result), and how many there are."""
+
+    listed: list[tuple[str, datetime, Any]]
+    total: int
+
+
+def job_steps(db: Any, job_id: int) -> JobSteps:
+    rows = db.query(Q.job_steps_listed, {"id": job_id, "limit": STEPS_SHOWN})
+    return JobSteps([(name, at, result) for name, at, result, _ in rows], rows[0][3] if rows else 0)
+
+
 def age(seconds: float | None) -> str:
     """A duration as a person reads it: 42s, 3m12s, 2h05m, 3d04h; "-" for none."""
     if seconds is None:

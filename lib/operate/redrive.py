@@ -29,18 +29,23 @@ def redrive(
     ids: Sequence[int] | None = None,
     queue: str | None = None,
     name: str | None = None,
+    fresh: bool = False,
 ) -> RedriveResult:
     """Return failed (err:) jobs matching every filter given to pending, due
     now, with one more attempt allowed; their last_error stays as the record of
     what went wrong. At least one filter is required, so a slip cannot redrive
     every failure ever kept.
 
+    A redriven job keeps its steps (PendingJob.step): what it paid for is not
+    paid again. fresh: its steps are forgotten, in the statement that
+    redrives it, and the job starts over.
+
     A deduped job allows one live copy: of its failed copies only the newest
     failure is redriven, and none while a copy is pending or started; the
     others come back in skipped, naming the copy that stands in for them."""
     if ids is None and queue is None and name is None:
         raise ValueError("redrive needs ids, a queue or a name")
-    params = {"ids": list(ids) if ids is not None else None, "queue": queue, "name": name}
+    params = {"ids": list(ids) if ids is not None else None, "queue": queue, "name": name, "fresh": fresh}
     for attempt in range(TRIES):
         try:
             rows = db.query(Q.job_redrive, params)

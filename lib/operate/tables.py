@@ -14,6 +14,8 @@ from lib.setup.logs import one_line
 
 # A redrive lists at most this many ids on its summary line.
 LISTED_IDS = 50
+# The characters of a step's result shown in a listing (`show`, the admin page).
+PREVIEW_CHARS = 120
 # A pause until resumed is stored as infinity, which the driver reads as this.
 FOREVER = datetime.max.replace(tzinfo=UTC)
 
@@ -66,6 +68,15 @@ def pause_text(s: QueueStats) -> str:
 def cut(text: str, width: int) -> str:
     text = one_line(text)
     return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def compact_json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+
+
+def preview(value: Any, width: int = PREVIEW_CHARS) -> str:
+    """A JSON value as compact text on one line, cut to width."""
+    return cut(compact_json(value), width)
 
 
 def ids_text(ids: Sequence[int]) -> str:

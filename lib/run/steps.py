@@ -44,6 +44,7 @@ from lib.insert import MAX_ARGS_BYTES, Job, insert_many, oversize
 from lib.job import PendingJob
 from lib.job import status as st
 from lib.run.execute import Outcome
+from lib.run.job_steps import StepStore
 from lib.run.queue import Queue
 from lib.setup.error_reports import Outage, capture, capture_message
 from lib.store.binding import Row, array_text
@@ -351,12 +352,12 @@ class Steps:
         # The database's outage, shared by the worker's parts: while it is
         # reported, an outcome it keeps from being written is not reported again.
         self.outage = outage
-        # Per slot, a claim whose reply was lost: what it did is settled
-        # before the slot claims again.
+        # Per slot, a claim whose reply was lost, settled before the slot claims again.
         self.unsettled: dict[int, BaseException] = {}
         # Rows this poller gave up on while they were still started by it
         # (outcome not written, or fenced): never mistaken for a new claim.
         self.abandoned: set[int] = set()
+        self.step_store = StepStore(db)
 
     def params(self, job_id: int | None, slot: int) -> dict[str, Any]:
         return {
@@ -395,7 +396,7 @@ class Steps:
                     if mine is not None:
                         return ClaimResult(mine)
                 raise
-            return claimed(row)
+            return claimed(row, self.step_store)
 
     def write(self, job: PendingJob, outcome: Outcome, delay: float, next_slot: int | None) -> ClaimResult | None:
         """Write the outcome; with next_slot, together with the claim of that
@@ -445,7 +446,7 @@ class Steps:
                     self._write_alone(job, outcome, params)
                 else:
                     self._check_written(job, outcome, reply.written)
-                return claimed(reply.row)
+                return claimed(reply.row, self.step_store)
         self._write_alone(job, outcome, params)
         return None
 
@@ -484,7 +485,7 @@ class Steps:
         params = {"queue": self.queue, "slot": slot, "worker_id": self.leases.worker_id, "known": known}
         row = self.db.query_row(Q.job_claimed_by, params)
         self.unsettled.pop(slot, None)
-        job = claimed(row).job
+        job = claimed(row, self.step_store).job
         if job is not None:
             job_log.warning("queue=%s id=%d was claimed though the reply was lost; running it", self.queue, job.id)
         return job
@@ -616,17 +617,21 @@ def first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
 
 
-def claimed(row: tuple[Any, ...] | None) -> ClaimResult:
-    """A job_claim row as what the claim found."""
+def claimed(row: tuple[Any, ...] | None, step_store: StepStore | None = None) -> ClaimResult:
+    """A job_claim row as what the claim found. Its job keeps its steps'
+    results (PendingJob.step) in step_store, given here and not by the
+    executor: a copy of every job would cost the jobs that keep none."""
     if row is None:
         return ClaimResult(None)
     job_id, name, args_text, attempts, max_attempts, callsite, latency, wait, _slot = row
     if job_id is None:
         return ClaimResult(None, wait)
     args, args_error = decode_args(args_text)
-    return ClaimResult(
-        PendingJob(job_id, name, args, attempts, max_attempts, callsite, latency, time.monotonic(), args_error)
+    claimed_at = time.monotonic()
+    job = PendingJob(
+        job_id, name, args, attempts, max_attempts, callsite, latency, claimed_at, args_error, step_store=step_store
     )
+    return ClaimResult(job)
 
 
 def decode_args(text: str | None) -> tuple[Any, str | None]:

@@ -496,6 +496,38 @@ def test_a_job_page_shows_every_field_its_traceback_and_masks_secret_args(db, se
     assert re.search(r"<dt>latency</dt><dd[^>]*>\d+ ms", page) and "ran for" in page
 
 
+def test_a_job_page_lists_its_steps_masked_and_retries_with_them_kept_or_forgotten(db, settings_of):
+    settings_of({"JOBS_ADMIN_TOKEN": TOKEN, "GITHUB_TOKEN": "ghp_" + "s3cr3t" * 5})
+    kept, fresh = failed_job(db), failed_job(db)
+    summary = {"text": "three lines", "api_key": "sk-visible-nowhere", "echo": "ghp_" + "s3cr3t" * 5}
+    for job_id in (kept, fresh):
+        db.exec(
+            "INSERT INTO job_steps (job_id, name, result) VALUES (%s, 'summary', %s), (%s, 'tokens', '[1200, 350]')",
+            (job_id, json.dumps(summary), job_id),
+        )
+    # A secret where the preview is cut: masked whole all the same.
+    cut_through = json.dumps("p" * 105 + "ghp_" + "s3cr3t" * 5)
+    db.exec("INSERT INTO job_steps (job_id, name, result) VALUES (%s, 'long', %s)", (kept, cut_through))
+    plain = failed_job(db)
+    with admin_site(db) as base:
+        page = requests.get(f"{base}/admin/jobs/{kept}", headers=AUTH, timeout=5).text
+        text = html.unescape(page)
+        steps = re.search(r'<table id="steps">(.*?)</table>', text, re.S).group(1)
+        assert re.findall(r'<td class="name">([^<]*)</td>', steps) == ["summary", "tokens", "long"]
+        assert '"text":"three lines"' in steps and "[1200,350]" in steps
+        assert "sk-visible-nowhere" not in text and "s3c" not in text and steps.count("[redacted]") == 3
+        assert f"/jobs/{kept}/retry-fresh" in page
+        page = requests.get(f"{base}/admin/jobs/{plain}", headers=AUTH, timeout=5).text
+        assert 'id="steps"' not in page and "/retry-fresh" not in page and f"/jobs/{plain}/retry" in page
+        session = log_in(base)
+        csrf = csrf_of(session, base)
+        assert act(session, base, kept, "retry", csrf) == f"retried job {kept}: pending again, with one more attempt"
+        message = act(session, base, fresh, "retry-fresh", csrf)
+        assert message == f"retried job {fresh}: pending again, with one more attempt, its steps forgotten"
+    assert db.query("SELECT DISTINCT job_id FROM job_steps") == [(kept,)]
+    assert db.query("SELECT status FROM jobs WHERE id IN (%s, %s)", (kept, fresh)) == [("pending",)] * 2
+
+
 def test_a_missing_job_is_a_404_page_in_the_layout(db):
     with admin_site(db) as base:
         for path in ("/admin/jobs/12345", "/admin/jobs/99999999999999999999", "/admin/jobs/x", "/admin/nope"):

@@ -197,6 +197,48 @@ def test_show_prints_one_job_in_full_with_its_args(db, cli):
     assert cli("show", "999999") == (1, "", "show: no job 999999\n")
 
 
+def _steps(db, job_id: int, **results) -> None:
+    for name, result in results.items():
+        db.exec("INSERT INTO job_steps (job_id, name, result) VALUES (%s, %s, %s::jsonb)", (job_id, name, result))
+
+
+def test_show_lists_the_jobs_steps_with_a_preview_of_each_result(db, cli, monkeypatch):
+    job_id = _job(db, status="err: boom")
+    _steps(db, job_id, summary=json.dumps({"text": "line\n" * 100}), tokens="[1200, 350]")
+    _steps(db, _job(db), other='"another job"')
+    code, out, err = cli("show", str(job_id))
+    assert code == 0, err
+    listed = out.split("steps (2), kept for the job's later runs:\n", 1)[1].splitlines()
+    assert [line.split()[0] for line in listed] == ["summary", "tokens"]
+    assert listed[0].endswith(tables.preview({"text": "line\n" * 100})) and listed[0].endswith("…")
+    assert len(tables.preview({"text": "line\n" * 100})) == tables.PREVIEW_CHARS
+    assert listed[1].endswith("  [1200,350]")
+    got = json.loads(cli("show", str(job_id), "--json")[1])
+    assert [(s["name"], s["result"]) for s in got["steps"]] == [
+        ("summary", {"text": "line\n" * 100}),
+        ("tokens", [1200, 350]),
+    ]
+    assert got["steps_total"] == 2
+    monkeypatch.setattr(overview, "STEPS_SHOWN", 1)
+    assert cli("show", str(job_id))[1].endswith("  and 1 more\n")
+    assert "steps" not in cli("show", str(_job(db, n=9)))[1]
+
+
+def test_redrive_keeps_the_steps_and_fresh_forgets_them(db, cli):
+    kept, fresh = _job(db, status="err: boom", n=1), _job(db, status="err: boom", n=2)
+    _steps(db, kept, summary='"paid for"')
+    _steps(db, fresh, summary='"paid for"')
+    assert cli("redrive", "--id", str(kept))[1] == f"redrove 1 jobs: {kept}\n"
+    code, out, _ = cli("redrive", "--id", str(fresh), "--fresh", "--dry-run")
+    assert code == 0
+    assert out.splitlines()[1:] == ["their steps would be forgotten: each starts over", "dry run: nothing was changed"]
+    assert db.query("SELECT job_id FROM job_steps ORDER BY job_id") == [(kept,), (fresh,)]
+    code, out, _ = cli("redrive", "--id", str(fresh), "--fresh")
+    assert code == 0
+    assert out.splitlines() == [f"redrove 1 jobs: {fresh}", "their steps forgotten: each starts over"]
+    assert db.query("SELECT job_id FROM job_steps") == [(kept,)]
+
+
 # redrive / retry
 
 

@@ -28,6 +28,20 @@ def test_retention_deletes_old_finished_rows_only(db):
     assert maintenance.clean_up_jobs(db, days=14) == "skip: nothing old enough"
 
 
+def test_retention_deletes_the_steps_of_the_rows_it_deletes(db):
+    """In the statement that deletes their jobs, batch by batch: no step
+    outlives its job, and the steps of a kept job stay."""
+    old = [make_job(db, "r", status="ok", finished_at=ago(days=20)).id for _ in range(3)]
+    kept = [make_job(db, "r", status="ok", finished_at=ago(days=1)).id, make_job(db, "r").id]
+    for job_id in [*old, *kept]:
+        db.exec(
+            "INSERT INTO job_steps (job_id, name, result) VALUES (%s, 'a', '1'), (%s, 'b', '[2]')", (job_id, job_id)
+        )
+    assert maintenance.clean_up_jobs(db, days=14, batch=2) == "ok: deleted 3"
+    assert db.query("SELECT DISTINCT job_id FROM job_steps ORDER BY job_id") == [(i,) for i in kept]
+    assert db.query_row("SELECT count(*) FROM job_steps") == (4,)
+
+
 def test_retention_runs_as_a_job_of_the_maintenance_queue(db):
     insert(db, "maintenance", "maintenance.CleanUpJobs")
     assert make_poller(maintenance.make_worker(db), db).work_once() == "skip: nothing old enough"
@@ -146,7 +160,7 @@ def test_retention_passes_over_a_row_a_redrive_holds_without_waiting(db, databas
     cleaner = DB.connect(database_url, size=1, application_name="jobs-test-retention")
     try:
         with app.cursor() as cur:
-            cur.execute(Q.job_redrive, {"ids": [ids[0]], "queue": None, "name": None})
+            cur.execute(Q.job_redrive, {"ids": [ids[0]], "queue": None, "name": None, "fresh": False})
         with gevent.Timeout(10):
             done = maintenance.clean_up_jobs(cleaner, days=14)
         app.commit()

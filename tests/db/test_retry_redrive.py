@@ -154,7 +154,7 @@ def test_the_live_copy_look_up_reads_the_dedupe_index_not_the_table(db):
     with db.connection() as conn, conn.cursor() as cur:
         conn.autocommit = False
         try:
-            sent = cur.mogrify(Q.job_redrive, {"ids": failed, "queue": None, "name": None}).decode()
+            sent = cur.mogrify(Q.job_redrive, {"ids": failed, "queue": None, "name": None, "fresh": False}).decode()
             cur.execute("EXPLAIN (ANALYZE, BUFFERS) " + sent)
             plan = "\n".join(row[0] for row in cur.fetchall())
         finally:

@@ -59,7 +59,7 @@ def test_queries_filtered_by_optional_values_are_never_prepared(database_url):
         for _ in range(7):
             pool.query(Q.job_failed, failed)
             pool.query(Q.job_failed_list, {"queue": "q", "name": "q.N", "limit": 10})
-            pool.query(Q.job_redrive, {"ids": None, "queue": "q", "name": "q.N"})
+            pool.query(Q.job_redrive, {"ids": None, "queue": "q", "name": "q.N", "fresh": False})
             pool.query(Q.job_get, {"id": 0})
         prepared = {name for (name,) in pool.query("SELECT name FROM pg_prepared_statements")}
     finally:

@@ -62,7 +62,7 @@ REFRESH = 5.0
 FAILURES_SHOWN = 100
 
 # /jobs/<id>, and /jobs/<id>/<action> for a POST.
-_JOB_PATH = re.compile(r"^/jobs/(\d{1,19})(?:/(cancel|run-now|retry))?$")
+_JOB_PATH = re.compile(r"^/jobs/(\d{1,19})(?:/(cancel|run-now|retry|retry-fresh))?$")
 # The pages that answer a bad filter on their own form; every other page's
 # arguments are read before the page is worked out.
 _OWN_FILTERS = ("/jobs", "/jobs/bulk", "/failures")
@@ -258,7 +258,7 @@ class Admin(Sessions):
         job = overview.job(self.db, job_id) if job_id < 2**63 else None
         if job is None:
             return self._missing(request, session, f"There is no job {job_id}: it never was, or it was deleted.")
-        shown = one_job.shown(job, datetime.now(UTC))
+        shown = one_job.shown(job, overview.job_steps(self.db, job_id), datetime.now(UTC))
         return self._page("job.html", request, session, job=shown, secret_words=one_job.SECRET_WORDS)
 
     def _login(self, request: Request) -> Response:

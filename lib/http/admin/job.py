@@ -1,8 +1,9 @@
-"""One job's page: the row as it is shown (its args masked), and the actions
-that fit its state: cancel a pending one, run a scheduled one now, retry a
-failed one. Each action is one statement that rechecks the state on the row
-it changes, so a job the worker claimed meanwhile is left alone and the
-operator is told why."""
+"""One job's page: the row as it is shown (its args and its steps' results
+masked), and the actions that fit its state: cancel a pending one, run a
+scheduled one now, retry a failed one, with its steps kept or forgotten.
+Each action is one statement that rechecks the state on the row it changes,
+so a job the worker claimed meanwhile is left alone and the operator is
+told why."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ from typing import Any
 from lib.http.admin.jobs import state_of
 from lib.job import status as st
 from lib.operate import overview
+from lib.operate.overview import JobSteps
 from lib.operate.redrive import redrive
+from lib.operate.tables import PREVIEW_CHARS, compact_json, cut
 from lib.setup.error_reports import configured_secrets
 from lib.setup.redact import REDACTED, scrub
 from lib.store.sql import Q
@@ -30,23 +33,33 @@ class Actions:
     cancel: bool  # pending, due or scheduled
     run_now: bool  # pending with run_at in the future
     retry: bool  # failed (err:)
+    retry_fresh: bool  # failed, with steps to forget
 
 
-def shown(job: dict[str, Any], now: datetime) -> dict[str, Any]:
-    """The job as the page shows it: args as masked, indented JSON text, and
-    the timings worked out."""
+def shown(job: dict[str, Any], steps: JobSteps, now: datetime) -> dict[str, Any]:
+    """The job as the page shows it: args as masked, indented JSON text, its
+    steps each with a masked preview of its result, and the timings worked out."""
     args = json.dumps(masked(job["args"]), indent=2, ensure_ascii=False, sort_keys=True)
     pending = job["status"] == st.PENDING
+    failed = job["status"].startswith("err: ")
+    secrets = configured_secrets()
     return {
         **job,
-        "args": scrub(args, configured_secrets()),
+        "args": scrub(args, secrets),
+        "steps": [
+            # Masked whole, then cut: a secret the cut would split is masked all the same.
+            {"name": name, "stored_at": at, "preview": cut(scrub(compact_json(masked(result)), secrets), PREVIEW_CHARS)}
+            for name, at, result in steps.listed
+        ],
+        "steps_total": steps.total,
         "state": state(job, now),
         "latency": _between(job["run_at"], job["started_at"]),
         "ran_for": _between(job["started_at"], job["finished_at"]),
         "actions": Actions(
             cancel=pending,
             run_now=pending and job["run_at"] > now,
-            retry=job["status"].startswith("err: "),
+            retry=failed,
+            retry_fresh=failed and steps.total > 0,
         ),
     }
 
@@ -81,13 +94,14 @@ def _between(start: datetime | None, end: datetime | None) -> str | None:
 
 
 def act(db: Any, job_id: int, action: str, operator: str) -> str:
-    """The action a job page's button names: cancel, run-now or retry."""
+    """The action a job page's button names: cancel, run-now, retry (its
+    steps kept) or retry-fresh (its steps forgotten)."""
     if action == "cancel":
         return cancel(db, job_id, operator)
     if action == "run-now":
         return run_now(db, job_id)
-    if action == "retry":
-        return retry(db, job_id)
+    if action in ("retry", "retry-fresh"):
+        return retry(db, job_id, fresh=action == "retry-fresh")
     raise ValueError(f"no action {action!r}")
 
 
@@ -107,10 +121,11 @@ def run_now(db: Any, job_id: int) -> str:
     return f"job {job_id} was not made due: {_not_pending(db, job_id, found)}"
 
 
-def retry(db: Any, job_id: int) -> str:
-    done = redrive(db, ids=[job_id])
+def retry(db: Any, job_id: int, *, fresh: bool = False) -> str:
+    done = redrive(db, ids=[job_id], fresh=fresh)
     if done.redriven:
-        return f"retried job {job_id}: pending again, with one more attempt"
+        afresh = ", its steps forgotten" if fresh else ""
+        return f"retried job {job_id}: pending again, with one more attempt{afresh}"
     if job_id in done.skipped:
         return f"job {job_id} was not retried: {done.skipped[job_id]}"
     found = _status(db, job_id)
