@@ -107,15 +107,13 @@ class _Reserved(_Runner):
 
     def __init__(self, db: DB) -> None:
         self.db = db
-        # One statement at a time on the connection, so one deadline serves them all.
-        self._deadline = Deadline(0)
+        self._deadline = Deadline(0)  # one statement at a time on the connection
 
     def query_within(self, seconds: float, sql: str, params: Params = None) -> list[Row]:
         """query(), or NoReply when no answer comes within seconds of the
-        statement's start (the server or the way to it hangs): the connection
-        is discarded, and the server process noted on the exception, for
-        settle(). The deadline starts once the connection is this caller's,
-        so only one block is in it at a time, whoever else shares the pool."""
+        statement's start (the server or the way to it hangs); the connection
+        is discarded, its server process noted for settle(). The deadline
+        starts once the connection is the caller's: one block at a time."""
         with self._cursor() as cur:
             self._deadline.seconds = seconds
             try:
