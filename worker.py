@@ -339,7 +339,7 @@ def _operate(db: DB, args: "Namespace | SimpleNamespace", registry: Registry) ->
     if args.command == "show":
         return commands.show(db, args, out, err)
     if args.command == "cancel":
-        return commands.cancel(db, args, out)
+        return commands.cancel(db, args, out, err)
     if args.command == "status":
         return commands.status(db, args, out, queues=handled)
     if args.command == "scale":
@@ -422,6 +422,8 @@ def run(
             wake_all=lambda: _wake(pollers),
             outage=outage,
             state=queue_state.logger({p.queue for p in pollers}),
+            # An operator's cancel: the handler of a job this process runs is told to stop.
+            cancel=leases.cancel,
         )
         if listen_url is not None
         else None

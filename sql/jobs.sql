@@ -76,28 +76,35 @@ SELECT current_setting('transaction_read_only') = 'off'
 SELECT pg_notify('jobs', %(queue)s)
 
 -- name: job_heartbeat
--- Extend the lease of the rows this worker process is running now; the ids it renewed. A row another transaction holds is passed over, not waited for: its lease alone goes unrenewed.
+-- Extend the lease of the rows this worker process is running now; the ids it renewed, each with who asked to cancel it (NULL: nobody), the fallback for a cancel's lost NOTIFY. A row another transaction holds is passed over, not waited for: its lease alone goes unrenewed.
 UPDATE jobs SET lease_until = clock_timestamp() + make_interval(secs => %(lease)s)
 WHERE id IN (SELECT id FROM jobs
              WHERE id = ANY(%(ids)s::bigint[]) AND status = 'started' AND worker_id = %(worker_id)s
              FOR UPDATE SKIP LOCKED)
-RETURNING id
+RETURNING id, cancel_requested
 
 -- name: job_rescue
 -- Take back started rows whose worker stopped renewing the lease: to pending when
--- attempts remain (in their place in the queue: run_at is kept), else interrupted.
+-- attempts remain (in their place in the queue: run_at is kept), else interrupted;
+-- a row an operator asked to cancel ends `skip: cancelled by <who>` whatever remains.
 -- Rows from before leases existed have no lease and are taken once older than
 -- legacy_age seconds. Never a row the rescuing worker holds (runs or finalizes),
 -- one another transaction holds (taken at a later rescue), or one of skip (a row
 -- this statement cannot write, ended alone by job_rescue_refused); with only, that row alone.
 UPDATE jobs
-SET status = CASE WHEN attempts < coalesce(max_attempts, 1) THEN 'pending'
+SET status = CASE WHEN cancel_requested IS NOT NULL THEN concat('skip: cancelled by ', cancel_requested)
+                  WHEN attempts < coalesce(max_attempts, 1) THEN 'pending'
                   ELSE 'err: interrupted' END,
-    finished_at = CASE WHEN attempts < coalesce(max_attempts, 1) THEN NULL ELSE now() END,
-    last_error = 'err: interrupted',
+    finished_at = CASE WHEN cancel_requested IS NULL AND attempts < coalesce(max_attempts, 1) THEN NULL
+                       ELSE now() END,
+    -- A cancelled job's run was stopped on purpose: no error of its own.
+    last_error = CASE WHEN cancel_requested IS NULL THEN 'err: interrupted' ELSE last_error END,
     -- A pending row belongs to no worker: a late outcome of the lost one cannot match it.
-    worker_id = CASE WHEN attempts < coalesce(max_attempts, 1) THEN NULL ELSE worker_id END,
-    attempt_errors = jobs_attempt_errors(attempt_errors, status, attempts, worker_id, 'err: interrupted', NULL),
+    worker_id = CASE WHEN cancel_requested IS NULL AND attempts < coalesce(max_attempts, 1) THEN NULL
+                     ELSE worker_id END,
+    attempt_errors = CASE WHEN cancel_requested IS NULL
+                          THEN jobs_attempt_errors(attempt_errors, status, attempts, worker_id, 'err: interrupted', NULL)
+                          ELSE attempt_errors END,
     lease_until = NULL, slot = NULL
 WHERE id IN (
   SELECT id FROM jobs
@@ -239,7 +246,8 @@ redriven AS (
   UPDATE jobs j
   SET status = 'pending', run_at = now(), finished_at = NULL, started_at = NULL,
       max_attempts = j.attempts + 1, worker_id = NULL, slot = NULL, lease_until = NULL,
-      dedupe = r.dedupe
+      -- A cancel asked of an earlier run is not this one's.
+      dedupe = r.dedupe, cancel_requested = NULL
   FROM ranked r
   WHERE j.id = r.id
     AND starts_with(j.status, 'err: ')  -- rechecked on the row as locked: another redrive may have taken it

@@ -16,7 +16,8 @@ LIMIT %(limit)s::bigint
 -- name: job_get
 -- One job, every column, for a person who asked to see it (args included).
 SELECT id, queue, name, status, args, priority, run_at, attempts, max_attempts, last_error, callsite,
-       worker_id, slot, lease_until, dedupe, created_at, started_at, finished_at, last_traceback, attempt_errors, key
+       worker_id, slot, lease_until, dedupe, created_at, started_at, finished_at, last_traceback, attempt_errors, key,
+       cancel_requested
 FROM jobs WHERE id = %(id)s::bigint
 
 -- name: job_cancel
@@ -24,6 +25,15 @@ FROM jobs WHERE id = %(id)s::bigint
 UPDATE jobs SET status = %(status)s, finished_at = now()
 WHERE id = ANY(%(ids)s::bigint[]) AND status = 'pending'
 RETURNING id
+
+-- name: job_cancel_running
+-- Ask the workers running the given started jobs to stop them (a second ask keeps the first asker), and tell every worker at commit: NOTIFY jobs_cancel, '<id> <who>' (lib/store/wakeups.py); the ids asked. A worker that misses the NOTIFY learns of it from its next lease renewal (job_heartbeat).
+WITH asked AS (
+  UPDATE jobs SET cancel_requested = coalesce(cancel_requested, %(by)s::text)
+  WHERE id = ANY(%(ids)s::bigint[]) AND status = 'started'
+  RETURNING id, cancel_requested
+)
+SELECT a.id FROM asked a CROSS JOIN LATERAL pg_notify('jobs_cancel', a.id || ' ' || a.cancel_requested) AS n
 
 -- name: job_statuses
 -- The status of each of the given jobs that exists.

@@ -42,6 +42,9 @@ CREATE TABLE jobs (
   claim_run_at timestamptz,
   -- The transaction that last made the row pending or moved it while pending.
   pending_xid xid8 DEFAULT pg_current_xact_id(),
+  -- Who asked to cancel the job while it ran (migration 039), kept until it
+  -- ends: its worker stops it, and a rescue ends it cancelled.
+  cancel_requested text,
   CONSTRAINT jobs_run_at_finite CHECK (isfinite(run_at))
 );
 CREATE SEQUENCE jobs_claim_seq;

@@ -4,7 +4,7 @@
 -- finished rows kept for retention.
 
 -- name: queue_stats
--- Per queue: pending rows (due, retrying, oldest due run_at), started rows, rows finished in the last hour by status prefix (rolled-up minutes, then the rows since), the pause and throttle in force, the concurrency set at run time and by whom, the keys with work; for every queue with live or recent rows or job_queues state, and the names given. With rows given, each queue's pending rows are read up to an even share of that many (at least 100), earliest run_at first, and the last column is that share for a queue with more (its counts then stop there); NULL reads them all.
+-- Per queue: pending rows (due, retrying, oldest due run_at), started rows (and those of them an operator asked to cancel), rows finished in the last hour by status prefix (rolled-up minutes, then the rows since), the pause and throttle in force, the concurrency set at run time and by whom, the keys with work; for every queue with live or recent rows or job_queues state, and the names given. With rows given, each queue's pending rows are read up to an even share of that many (at least 100), earliest run_at first, and the last column is that share for a queue with more (its counts then stop there); NULL reads them all.
 WITH RECURSIVE
 -- The queues with pending rows, one probe of jobs_pending_due each: a read
 -- of every pending row would cost what a backlog weighs.
@@ -19,7 +19,8 @@ share AS (
   FROM pending_queues WHERE queue IS NOT NULL
 ),
 running AS (
-  SELECT queue, count(*)::int AS running FROM jobs WHERE status = 'started' GROUP BY queue
+  SELECT queue, count(*)::int AS running, count(*) FILTER (WHERE cancel_requested IS NOT NULL)::int AS cancelling
+  FROM jobs WHERE status = 'started' GROUP BY queue
 ),
 -- Finished in the last hour, by status prefix: whole minutes from the rollup
 -- (job_minutes, migration 024) up to the last one it wrote, and only the rows
@@ -67,7 +68,7 @@ queues AS (
   UNION SELECT queue FROM state
   UNION SELECT unnest(%(queues)s::text[])
 )
-SELECT q.queue, p.pending, p.due, coalesce(r.running, 0),
+SELECT q.queue, p.pending, p.due, coalesce(r.running, 0), coalesce(r.cancelling, 0),
        extract(EPOCH FROM now() - p.oldest_due)::float8, coalesce(d.done, '{}'::jsonb),
        p.retrying, s.paused_until, s.pause_reason, s.throttled_until, s.scaled_to, s.scaled_by,
        k.keys, CASE WHEN p.pending > share.n THEN share.n END

@@ -5,6 +5,11 @@ worker stopped renewing them, wherever that worker was.
 The renewal runs in a native thread on a connection of its own, so a handler
 that holds the hub (a CPU loop, an unpatched blocking call) cannot let its own
 lease lapse and have the job run a second time elsewhere while it still runs.
+
+A job an operator cancels while it runs (the listener hears it, or a renewal's
+answer says so) has its handler told to stop, and its lease renewed
+CANCEL_GRACE longer: a handler that goes on regardless is fenced when the
+lease lapses, and the rescue ends its row cancelled, never runs it again.
 """
 
 from __future__ import annotations
@@ -37,6 +42,10 @@ log = logging.getLogger("jobs.leases")
 # before another takes them.
 LEASE_SECONDS = 30.0
 
+# How long a cancelled job's lease is still renewed once the cancel reached
+# this process: its handler's time to stop and have its outcome written.
+CANCEL_GRACE = 2.0
+
 # Native sleep: the renewal thread must not touch the hub it stands in for.
 _thread_sleep = gevent.monkey.get_original("time", "sleep")
 _start_thread = gevent.monkey.get_original("_thread", "start_new_thread")
@@ -65,6 +74,23 @@ class Held:
     good_until: float
     fence: Callable[[], None]
     fenced: bool = False
+    # Stops the handler when an operator cancels the job, given who asked.
+    stop: Callable[[str], None] | None = None
+    # Who asked to cancel the job, and when this process learnt it (monotonic).
+    cancel_by: str | None = None
+    cancel_at: float = 0.0
+    stopped: bool = False  # stop() was called
+
+    def cancelled(self, by: str) -> None:
+        """Note an operator's cancel; from either thread, as it touches no hub."""
+        if self.cancel_by is None:
+            self.cancel_at = time.monotonic()
+            self.cancel_by = by
+
+    def renewed(self, now: float) -> bool:
+        """Whether to renew its lease: a job cancelled over CANCEL_GRACE ago
+        is let go, so its lease lapses and the rescue ends it."""
+        return self.cancel_by is None or now < self.cancel_at + CANCEL_GRACE
 
 
 class Leases:
@@ -107,10 +133,13 @@ class Leases:
         # Rows no rescue statement can write, left out of every later one.
         self._unrescuable: set[int] = set()
 
-    def hold(self, job_id: int, claimed_at: float, fence: Callable[[], None]) -> None:
+    def hold(
+        self, job_id: int, claimed_at: float, fence: Callable[[], None], stop: Callable[[str], None] | None = None
+    ) -> None:
         """Note a job claimed at claimed_at (monotonic, when the claim's reply
-        came back); fence() stops its handler if the lease cannot be kept."""
-        self.held[job_id] = Held(job_id, claimed_at + self.lease - self.margin, fence)
+        came back); fence() stops its handler if the lease cannot be kept,
+        stop(by) when an operator cancels the job."""
+        self.held[job_id] = Held(job_id, claimed_at + self.lease - self.margin, fence, stop=stop)
 
     def release(self, job_id: int) -> None:
         """The job's outcome is written (or it was fenced): stop renewing it."""
@@ -121,21 +150,45 @@ class Leases:
         # renewal thread reads a consistent snapshot.
         return sorted(list(self.held))
 
+    def cancel(self, job_id: int, by: str) -> bool:
+        """An operator cancelled the job (the listener heard it): its handler
+        is told to stop now. In the hub's thread. False: not held here."""
+        held = self.held.get(job_id)
+        if held is None:
+            return False
+        held.cancelled(by)
+        self.stop_cancelled()
+        return True
+
+    def stop_cancelled(self) -> list[int]:
+        """Tell the handler of each cancelled job held here to stop, once; the
+        ids told. In the hub's thread (a renewal's answer only notes a cancel)."""
+        told = []
+        for held in list(self.held.values()):
+            if held.cancel_by is not None and not held.stopped and held.stop is not None:
+                held.stopped = True
+                told.append(held.job_id)
+                held.stop(held.cancel_by)
+        return told
+
     def heartbeat(self, runner: Any = None) -> int:
-        """Renew the rows held now, through runner (the pool by default); the
+        """Renew the rows held now, through runner (the pool by default), and
+        note the cancels they carry (the fallback for a lost NOTIFY); the
         number renewed. Only a row this worker still holds is renewed: one
         rescued meanwhile stays with its rescuer."""
-        ids = self.held_ids()
+        sent = time.monotonic()
+        ids = sorted(h.job_id for h in list(self.held.values()) if h.renewed(sent))
         if not ids:
             return 0
-        sent = time.monotonic()
         rows = (runner or self.db).query(
             Q.job_heartbeat, {"lease": self.lease, "worker_id": self.worker_id, "ids": ids}
         )
-        for (job_id,) in rows:
+        for job_id, cancel_by in rows:
             held = self.held.get(job_id)
             if held is not None:
                 held.good_until = sent + self.lease - self.margin
+                if cancel_by is not None:  # the fence's greenlet tells its handler
+                    held.cancelled(cancel_by)
         return len(rows)
 
     def fence_lapsed(self, now: float | None = None) -> list[int]:
@@ -149,6 +202,11 @@ class Leases:
                 continue
             held.fenced = True
             fenced.append(held.job_id)
+            if held.cancel_by is not None:
+                # Let go on purpose: its handler went on past its cancel, and a rescue ends the row.
+                log.warning("id=%d cancelled and still running: its handler is stopped by the fence", held.job_id)
+                held.fence()
+                continue
             log.error(
                 "id=%d lease could not be renewed in time; its handler is stopped, no outcome written", held.job_id
             )
@@ -178,7 +236,8 @@ class Leases:
         params = {
             "legacy_age": age,
             "worker_id": self.worker_id,
-            "held": self.held_ids(),
+            # A cancelled job fenced here is let go: its rescue ends it, whatever its handler does.
+            "held": sorted(h.job_id for h in list(self.held.values()) if not (h.fenced and h.cancel_by)),
             "skip": sorted(self._unrescuable),
             "only": None,
         }
@@ -247,9 +306,11 @@ class Leases:
         renew in time. The fence waits on nothing: no database call, no lock,
         no link stands between it and a handler that must stop."""
         thread_stop: list[bool] = []
-        _start_thread(self._renew_forever, (thread_stop,))
+        _start_thread(_Renewal(self).run, (thread_stop,))
         try:
             while not stop.is_set():
+                # The cancels a renewal's answer brought, handed to their handlers from here.
+                self.stop_cancelled()
                 self.fence_lapsed()
                 # Often enough that a fence comes before the lease lapses.
                 stop.wait(min(self.margin / 2, self.lease / 3))
@@ -277,27 +338,34 @@ class Leases:
             while not stop.is_set() and time.monotonic() < began + self.rescue_period():
                 stop.wait(min(self.margin, began + self.rescue_period() - time.monotonic()))
 
-    def _renew_forever(self, thread_stop: list[bool]) -> None:
-        """The renewal thread: every third of a lease, renew what is held, on
-        a connection of its own (the pool belongs to the hub's thread). Each
-        round trip, the connect included, has round_trip to answer: a link
-        that stalls without closing is given up on and opened anew."""
+
+class _Renewal:
+    """The renewal thread: every third of a lease, renew what is held, on a
+    connection of its own (the pool belongs to the hub's thread). Each round
+    trip, the connect included, has round_trip to answer: a link that stalls
+    without closing is given up on and opened anew."""
+
+    def __init__(self, leases: Leases) -> None:
+        self.leases = leases
+
+    def run(self, thread_stop: list[bool]) -> None:
+        leases = self.leases
         conn = None
-        period = self.lease / 3
+        period = leases.lease / 3
         while not thread_stop:
             began = time.monotonic()
             try:
                 # Connected the first time a job is held: an idle worker holds no connection for it.
-                if self.held and (conn is None or conn.closed):
-                    conn = self._thread_connect()
+                if leases.held and (conn is None or conn.closed):
+                    conn = self._connect()
                 # Only a renewal that ran says the database is back: with
                 # nothing held no statement goes, and nothing is learnt.
-                if conn is not None and self.held:
-                    conn.deadline = time.monotonic() + self.round_trip
-                    self.heartbeat(_Conn(conn))
-                    self.outage.recovered()
+                if conn is not None and leases.held:
+                    conn.deadline = time.monotonic() + leases.round_trip
+                    leases.heartbeat(_Conn(conn))
+                    leases.outage.recovered()
             except Exception as exc:  # any failure is retried next period; the fence guards the jobs
-                self.outage.failed(exc)
+                leases.outage.failed(exc)
                 if conn is not None:
                     conn.close()
                 conn = None
@@ -305,14 +373,15 @@ class Leases:
         if conn is not None:
             conn.close()
 
-    def _thread_connect(self) -> DeadlineConnection:
-        options = connect_options("jobs-leases", self.db.dsn, self.db.pooled)
+    def _connect(self) -> DeadlineConnection:
+        db, round_trip = self.leases.db, self.leases.round_trip
+        options = connect_options("jobs-leases", db.dsn, db.pooled)
         if "options" in options:
             # The server gives up on a lock wait itself, before the thread gives up on the server.
-            options["options"] = f"-c lock_timeout={int(self.round_trip * 500)} {options['options']}"
+            options["options"] = f"-c lock_timeout={int(round_trip * 500)} {options['options']}"
         conn = psycopg2.connect(
-            self.db.dsn,
-            connection_factory=deadline_connection(time.monotonic() + self.round_trip),
+            db.dsn,
+            connection_factory=deadline_connection(time.monotonic() + round_trip),
             **options,
         )
         conn.autocommit = True

@@ -57,6 +57,12 @@ def err(reason: str) -> str:
     return _build("err", reason)
 
 
+def cancelled(by: str) -> str:
+    """A job an operator cancelled (`worker.py cancel`, the admin page), pending
+    or running; the rescue of a cancelled row writes the same (job_rescue)."""
+    return _build("skip", f"cancelled by {by}")
+
+
 RATE_LIMITED = "skip: rate limited"
 
 

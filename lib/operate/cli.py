@@ -69,7 +69,10 @@ def make_parser(settings: Settings) -> argparse.ArgumentParser:
     enqueue_.add_argument("args", type=_json_object, nargs="?", help="a JSON object (default {})")
     enqueue_.add_argument("--run-at", type=_instant, help="not before this ISO time with a zone (2026-05-01T14:00Z)")
     enqueue_.add_argument("--priority", type=_priority, default=0, help="higher runs first (default 0)")
-    cancel_ = commands.add_parser("cancel", help="end pending jobs as cancelled; others are left alone and named")
+    cancel_ = commands.add_parser(
+        "cancel",
+        help="end pending jobs as cancelled and stop running ones; ended ones are left alone and named",
+    )
     cancel_.add_argument("ids", type=_job_id, nargs="+", metavar="ID")
     db_url = commands.add_parser("db-url", help="the URL of the database the worker uses, password masked")
     doctor_ = commands.add_parser(

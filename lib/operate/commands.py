@@ -27,6 +27,7 @@ from lib.insert import InvalidJob, insert
 from lib.job import status as st
 from lib.job.args import ArgsError, unmarshal_args
 from lib.operate import overview, queue_state
+from lib.operate.cancel import cancel as cancel_jobs
 from lib.operate.known_names import not_known
 from lib.operate.overview import queue_stats, unrun_line, unrun_queues, workers
 from lib.operate.redrive import RedriveResult, redrive
@@ -47,6 +48,8 @@ from lib.store.sql import Q
 
 # What a job enqueued from the command line records as its writer.
 CLI_CALLSITE = "cli"
+# Who a job cancelled from the command line was cancelled by.
+CANCELLED_BY = "operator"
 # Redrive works through this many jobs per statement: each batch commits on
 # its own (an interrupted redrive keeps what it did) and moves the progress bar.
 REDRIVE_BATCH = 500
@@ -82,7 +85,8 @@ def status(db: Any, args: argparse.Namespace, out: IO[str], *, queues: Iterable[
             s.pending,
             s.due,
             s.delayed,
-            s.running,
+            # A started job an operator cancelled runs on until its worker stops it.
+            f"{s.running} ({s.cancelling} cancelling)" if s.cancelling else s.running,
             overview.age(s.oldest_due_age_s),
             *(s.done_1h[k] for k in ("ok", "fail", "skip", "err")),
             s.retrying,
@@ -171,6 +175,8 @@ def show(db: Any, args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         print_json(out, {**job, "steps": listed, "steps_total": steps.total})
         return 0
     width = max(map(len, job)) + 2
+    if job["status"] == st.STARTED and job["cancel_requested"]:
+        job = {**job, "status": f"started, stopping: cancelled by {job['cancel_requested']}"}
     for key, value in job.items():
         if key not in ("args", "last_traceback", "attempt_errors"):
             shown = (
@@ -317,24 +323,35 @@ def enqueue(
     return 0
 
 
-def cancel(db: Any, args: argparse.Namespace, out: IO[str]) -> int:
-    """End pending jobs as cancelled; any other is left alone and named, and
-    the exit code is then 1, so a script sees that not all were cancelled."""
-    ids = sorted(set(args.ids))
-    done = sorted(i for (i,) in db.query(Q.job_cancel, {"ids": ids, "status": st.skip("cancelled by operator")}))
-    rest = sorted(set(ids) - set(done))
-    # Read after the update: a job claimed meanwhile shows as started, not as the pending it was.
-    statuses = dict(db.query(Q.job_statuses, {"ids": rest})) if rest else {}
-    left = {i: statuses.get(i) for i in rest}
+def cancel(db: Any, args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    """End pending jobs as cancelled, and have the workers running started
+    ones stop them (they end `skip: cancelled by operator` within a second,
+    or at the end of their lease if the handler will not stop). A job that
+    has ended is left alone and named, an unknown id is an error, and the
+    exit code is then 1, so a script sees that not all were cancelled."""
+    done = cancel_jobs(db, args.ids, CANCELLED_BY)
     if args.json:
-        print_json(out, {"cancelled": done, "left": [{"id": i, "status": s} for i, s in left.items()]})
+        left = [{"id": i, "status": s} for i, s in done.left.items()] + [
+            {"id": i, "status": None} for i in done.unknown
+        ]
+        print_json(
+            out, {"cancelled": done.ended, "stopping": done.stopping, "left": sorted(left, key=lambda j: j["id"])}
+        )
     else:
-        print(f"cancelled {len(done)} jobs{ids_text(done)}", file=out)
-        if left:
-            print(f"left {len(left)} jobs alone, not pending:", file=out)
-            for job_id, was in left.items():
-                print(f"  {job_id}: {cut(was, STATUS_WIDTH) if was is not None else 'no such job'}", file=out)
-    return 1 if left else 0
+        print(f"cancelled {len(done.ended)} jobs{ids_text(done.ended)}", file=out)
+        if done.stopping:
+            print(
+                f"stopping {len(done.stopping)} running jobs{ids_text(done.stopping)}"
+                f" (their workers end them {st.cancelled(CANCELLED_BY)})",
+                file=out,
+            )
+        if done.left:
+            print(f"left {len(done.left)} jobs alone, already ended:", file=out)
+            for job_id, was in done.left.items():
+                print(f"  {job_id}: {cut(was, STATUS_WIDTH)}", file=out)
+        for job_id in done.unknown:
+            print(f"cancel: no job {job_id}", file=err)
+    return 1 if done.left or done.unknown else 0
 
 
 def db_url(url: str, args: argparse.Namespace, out: IO[str]) -> int:

@@ -40,6 +40,7 @@ class QueueStats:
     # share of its row budget): pending, due, delayed, retrying and keys are
     # then at least what they say, and due is exact while under it.
     counted_to: int | None = None
+    cancelling: int = 0  # started rows an operator asked to cancel, their workers stopping them
 
 
 @dataclass(frozen=True)
@@ -79,12 +80,14 @@ def queue_stats(db: Any, queues: Iterable[str] = (), rows: int | None = None) ->
             scaled_by=scaled_by,
             keys=keys,
             counted_to=counted_to,
+            cancelling=cancelling,
         )
         for (
             queue,
             pending,
             due,
             running,
+            cancelling,
             oldest,
             done,
             retrying,
@@ -125,7 +128,7 @@ def workers(db: Any, *, now: datetime | None = None) -> list[WorkerInfo]:
 JOB_COLUMNS = (
     *("id", "queue", "name", "status", "args", "priority", "run_at", "attempts", "max_attempts"),
     *("last_error", "callsite", "worker_id", "slot", "lease_until", "dedupe"),
-    *("created_at", "started_at", "finished_at", "last_traceback", "attempt_errors", "key"),
+    *("created_at", "started_at", "finished_at", "last_traceback", "attempt_errors", "key", "cancel_requested"),
 )
 
 

@@ -1,7 +1,8 @@
-"""The execute stage: find the job's handler, run it under the lease's fence
-and the job timeout, and decide what happened: what the row stores and when
-the job may run again. `decide` is the one place where retries, dead jobs,
-snoozes and interruptions are settled; it touches no database and no clock."""
+"""The execute stage: find the job's handler, run it under the lease's fence,
+the job timeout and an operator's cancel, and decide what happened: what the
+row stores and when the job may run again. `decide` is the one place where
+retries, dead jobs, snoozes, cancels and interruptions are settled; it
+touches no database and no clock."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from lib.job import status as st
 from lib.job.text import describe
 from lib.run import followups
 from lib.run.budget import Budgets
+from lib.run.cancel import Cancels
 from lib.run.queue import Queue
 from lib.setup.error_reports import capture, configured_secrets, reporting, traceback_text
 from lib.setup.redact import scrub
@@ -74,6 +76,12 @@ class Snoozed(NamedTuple):
     snooze: Snooze
 
 
+class Cancelled(NamedTuple):
+    """An operator cancelled the job while it ran (lib/run/cancel.py)."""
+
+    by: str
+
+
 class Interrupted(NamedTuple):
     """The worker's own kill (shutdown) cut the handler off."""
 
@@ -90,7 +98,18 @@ class LeftForAnother(NamedTuple):
     """A live worker handles the job's name and this one does not."""
 
 
-Happened = Returned | Raised | TimedOut | Fenced | Snoozed | Interrupted | ArgsUnreadable | UnknownName | LeftForAnother
+Happened = (
+    Returned
+    | Raised
+    | TimedOut
+    | Fenced
+    | Snoozed
+    | Cancelled
+    | Interrupted
+    | ArgsUnreadable
+    | UnknownName
+    | LeftForAnother
+)
 
 
 @dataclass(frozen=True)
@@ -140,6 +159,9 @@ def decide(happened: Happened, attempts: int, max_attempts: int, *, retry_base: 
         case Snoozed(snooze):
             # Throttling is not failure: the attempt is not counted.
             return Outcome(st.clean(snooze.status), retry_in=snooze.seconds, counted=False)
+        case Cancelled(by):
+            # Counted, and never retried: the operator ended it.
+            return Outcome(st.cancelled(by))
         case Interrupted():
             # Like a rescue: another worker takes the job over when attempts
             # remain, in its place in the queue (retry_in 0 keeps run_at).
@@ -220,12 +242,16 @@ class Executor:
         self._running: dict[int, tuple[PendingJob, Any]] = {}
         # Each slot's limit on its handler, restarted for every job.
         self._deadlines: dict[int, Deadline] = {}
+        # The operator's cancel of each slot's job, thrown into its handler as the timeout is.
+        self._cancels = Cancels(self._running, TIMEOUT_AGAIN_EVERY)
 
     def run(self, job: PendingJob, slot: int) -> Decision:
         """Run the job, and decide what its row stores, with the follow-ups
-        its outcome writes. The worker's own kill goes on up."""
-        decision = recorded(self.queue, job, self.execute(job, slot), retry_base=self.retry_base)
-        if job.followups and isinstance(decision, Outcome):
+        its outcome writes (none for a cancelled job: an operator's cancel
+        ends it with nothing after it). The worker's own kill goes on up."""
+        happened = self.execute(job, slot)
+        decision = recorded(self.queue, job, happened, retry_base=self.retry_base)
+        if job.followups and isinstance(decision, Outcome) and not isinstance(happened, Cancelled):
             try:
                 jobs = followups.to_write(job, decision.status, decision.retry_in, self.known, self.db)
             except Exception as exc:
@@ -240,7 +266,12 @@ class Executor:
         kill goes on up."""
         if job.name not in self.dispatch and self._handled_elsewhere(job):
             return LeftForAnother()
-        self.leases.hold(job.id, job.claimed_at or time.monotonic(), lambda: self._fence(slot, job))
+        self.leases.hold(
+            job.id,
+            job.claimed_at or time.monotonic(),
+            lambda: self._fence(slot, job),
+            lambda by: self._cancels.ask(slot, job, by),
+        )
         if job.args_error is not None:
             return ArgsUnreadable(BadArgs(job.args_error))
         handler = self.dispatch.get(job.name)
@@ -261,26 +292,38 @@ class Executor:
             return False
 
     def _call(self, handler: Handler, job: PendingJob, slot: int) -> Happened:
-        if self.budgets is not None:
-            job = replace(job, budgets=self.budgets)
+        if slot in self._cancels.asked and (cancelled_by := self._cancels.done(slot, job)) is not None:
+            # Cancelled between its claim and here: it never begins.
+            return Cancelled(cancelled_by)
+        # The job as held (the fence and the cancel look for it), not the handler's copy.
         self._running[slot] = (job, gevent.getcurrent())
         deadline = self._deadlines.get(slot)
         if deadline is None:
             deadline = self._deadlines[slot] = Deadline(
                 self.job_timeout, self._timed_out, again_every=TIMEOUT_AGAIN_EVERY
             )
+        result: object = None
+        raised: BaseException | None = None
         try:
             with deadline:
-                result = handler(job)
+                result = handler(job if self.budgets is None else replace(job, budgets=self.budgets))
         except _NOT_THE_JOBS:
             raise
         except BaseException as exc:  # a gevent.Timeout of its own and any other BaseException are the job's fault
-            if deadline.expired is None or isinstance(exc, JobTimeout | LeaseLost):
-                return _raised(exc)
-            # Whatever it raised once its time was up, the timeout ended it.
-            return TimedOut(deadline.expired)
+            raised = exc
         finally:
             self._running.pop(slot, None)
+            cancelled_by = self._cancels.done(slot, job) if slot in self._cancels.asked else None
+        if isinstance(raised, LeaseLost):
+            return Fenced(raised)
+        if cancelled_by is not None:
+            # Whatever it raised or returned once cancelled, the operator's cancel ended it.
+            return Cancelled(cancelled_by)
+        if raised is not None:
+            if deadline.expired is None or isinstance(raised, JobTimeout):
+                return _raised(raised)
+            # Whatever it raised once its time was up, the timeout ended it.
+            return TimedOut(deadline.expired)
         if deadline.expired is not None:
             # It caught its timeout and returned: the job still ran out of time.
             return TimedOut(deadline.expired)

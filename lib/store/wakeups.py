@@ -3,7 +3,9 @@ pollers of the queue named in each notification.
 
 Triggers on the jobs table notify on channel "jobs" whenever a queue may have
 work, whoever wrote the row. The pollers' own poll interval stays as the
-fallback; with this it can be long.
+fallback; with this it can be long. An operator's cancel of a started job
+(job_cancel_running, sql/operate.sql) notifies on "jobs_cancel", heard by
+every worker: the one running the job stops it.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ log = logging.getLogger("jobs.wakeups")
 CHANNEL = "jobs"
 # Pauses and resumes (lib/operate/queue_state.py): for the worker's log, not a wakeup.
 STATE_CHANNEL = "jobs_state"
+# Cancels of started jobs, each payload '<id> <who asked>'.
+CANCEL_CHANNEL = "jobs_cancel"
 # How often the loop looks at stop while no notification comes.
 _SELECT_TIMEOUT = 5.0
 # The longest wait between tries to listen again: short, so that wakeups
@@ -41,12 +45,15 @@ class Listener:
         *,
         outage: Outage | None = None,
         state: Callable[[str], None] | None = None,
+        cancel: Callable[[int, str], None] | None = None,
     ) -> None:
         self.dsn = dsn
         self.wake = wake
         self.wake_all = wake_all
         # Given each STATE_CHANNEL payload; None: that channel is not listened to.
         self.state = state
+        # Given each CANCEL_CHANNEL job id and who asked; None: that channel is not listened to.
+        self.cancel = cancel
         self.outage = outage or Outage("listen for wakeups")
         self.listening = Event()  # set while a LISTEN connection is up (tests wait on it)
         self._warned_pooler = False  # said once per process, not at every reconnect
@@ -78,6 +85,8 @@ class Listener:
             cur.execute(f"LISTEN {CHANNEL}")
             if self.state is not None:
                 cur.execute(f"LISTEN {STATE_CHANNEL}")
+            if self.cancel is not None:
+                cur.execute(f"LISTEN {CANCEL_CHANNEL}")
         if not self._warned_pooler and behind_pooler(conn):
             # Accepted, and in transaction mode never heard again: the pooler
             # hands the session that listens to other clients' transactions.
@@ -100,9 +109,23 @@ class Listener:
             conn.poll()
             queues = {n.payload for n in conn.notifies if n.channel == CHANNEL}
             states = [n.payload for n in conn.notifies if n.channel == STATE_CHANNEL]
+            cancels = [n.payload for n in conn.notifies if n.channel == CANCEL_CHANNEL]
             conn.notifies.clear()
+            if self.cancel is not None:
+                for payload in cancels:
+                    _cancelled(payload, self.cancel)
             if self.state is not None:
                 for payload in states:
                     self.state(payload)
             for queue in queues:
                 self.wake(queue)
+
+
+def _cancelled(payload: str, cancel: Callable[[int, str], None]) -> None:
+    """Hand a cancel's job id and asker to cancel."""
+    job_id, _, by = payload.partition(" ")
+    if not job_id.isdigit() or not by:
+        # Sent by hand, not by job_cancel_running: nothing to stop.
+        log.warning("a cancel that names no job and asker is ignored: %r", payload[:200])
+        return
+    cancel(int(job_id), by)

@@ -10,12 +10,16 @@ import re
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 
+import gevent
 import psycopg2
 import pytest
 import requests
 from factory import ago, later, make_job, make_jobs
+from gevent.event import Event
 from http_support import serving
 from proxy import Proxy
+from test_cancel_running import listening
+from tests_support import make_poller
 
 import lib.http.admin
 import lib.http.admin.bulk
@@ -28,6 +32,7 @@ from lib.http import metrics
 from lib.http.admin import Admin, jobs
 from lib.http.health import Health
 from lib.http.httpd import make_app
+from lib.insert import insert
 from lib.operate import overview
 from lib.store.db import DB
 from lib.store.sql import Q
@@ -563,8 +568,8 @@ def test_cancel_run_now_and_retry_each_only_in_its_state(db, caplog):
         session = log_in(base)
         csrf = csrf_of(session, base)
         # Refused in a wrong state, and the row left as it was.
-        assert "not cancelled: it is running" in act(session, base, running, "cancel", csrf)
-        assert "not cancelled: it is no longer pending: ok" in act(session, base, done, "cancel", csrf)
+        assert "not made due: it is running" in act(session, base, running, "run-now", csrf)
+        assert "not cancelled: it has already ended: ok" in act(session, base, done, "cancel", csrf)
         assert "already due" in act(session, base, due, "run-now", csrf)
         assert "not made due: it is no longer pending: err:" in act(session, base, failed, "run-now", csrf)
         assert "not retried: only a failed (err:) job is; it is pending" in act(session, base, due, "retry", csrf)
@@ -583,11 +588,51 @@ def test_cancel_run_now_and_retry_each_only_in_its_state(db, caplog):
         page = session.get(f"{base}/admin/jobs/{make_job(db, 'mail', run_at=later(hours=1)).id}").text
         assert "/run-now" in page and "/cancel" in page and "/retry" not in page
         page = session.get(f"{base}/admin/jobs/{running}").text
+        assert "/cancel" in page and "/run-now" not in page and "/retry" not in page
+        page = session.get(f"{base}/admin/jobs/{done}").text
         assert 'id="actions"' not in page
     logged = [r.getMessage() for r in caplog.records if r.name == "jobs.admin"]
     assert any(f"admin cancel job={due} by session " in line for line in logged)
     assert any(f"admin run-now job={scheduled} by session " in line for line in logged)
     assert any(f"admin retry job={failed} by session " in line for line in logged)
+
+
+def test_cancel_of_a_running_job_stops_its_handler_and_ends_it_cancelled(db, database_url, caplog):
+    caplog.set_level(logging.INFO, logger="jobs.admin")
+    began = Event()
+    poller = make_poller("mail", db, {"mail.Send": lambda job: began.set() or gevent.sleep(60) or "ok"})
+    job_id = insert(db, "mail", "mail.Send")
+    with admin_site(db) as base, listening(database_url, poller.leases):
+        session = log_in(base)
+        csrf = csrf_of(session, base)
+        working = gevent.spawn(poller.work_once)
+        assert began.wait(10)
+        said = act(session, base, job_id, "cancel", csrf)
+        assert re.fullmatch(
+            rf"stopping job {job_id}: its worker ends it skip: cancelled by an operator on the admin page"
+            r" \(session [0-9a-f]{8}\)",
+            said,
+        ), said
+        status = working.get(timeout=5)
+        assert re.fullmatch(r"skip: cancelled by an operator on the admin page \(session [0-9a-f]{8}\)", status)
+        assert db.query_row("SELECT status, attempts FROM jobs WHERE id = %s", (job_id,)) == (status, 1)
+        # Ended now: a second cancel changes nothing, and says so.
+        assert (
+            act(session, base, job_id, "cancel", csrf)
+            == f"job {job_id} was not cancelled: it has already ended: {status}"
+        )
+    logged = [r.getMessage() for r in caplog.records if r.name == "jobs.admin"]
+    assert any(f"admin cancel job={job_id} by session " in line and "stopping" in line for line in logged)
+
+
+def test_a_running_job_asked_to_stop_says_so_and_offers_no_second_cancel(db):
+    running = make_job(db, "mail", "mail.Send", status="started").id
+    with admin_site(db) as base:
+        session = log_in(base)
+        assert act(session, base, running, "cancel", csrf_of(session, base)).startswith(f"stopping job {running}")
+        page = html.unescape(session.get(f"{base}/admin/jobs/{running}").text)
+    assert re.search(r'id="cancel-requested">stopping: cancelled by an operator on the admin page \(session', page)
+    assert 'id="actions"' not in page
 
 
 def test_every_new_form_needs_the_csrf_token_and_every_new_page_a_token(db):

@@ -85,6 +85,7 @@ def test_status_on_an_empty_table_lists_every_registered_queue_with_zeros(db, cl
         "done_1h": {"ok": 0, "fail": 0, "skip": 0, "err": 0}, "retrying": 0,
         "paused_until": None, "pause_reason": None, "throttled_until": None, "scaled_to": None, "scaled_by": None, "keys": 0,
         "counted_to": None,  # status counts every pending row
+        "cancelling": 0,
     }  # fmt: skip
 
 
@@ -394,7 +395,7 @@ def test_args_error_names_the_missing_and_the_unknown_keys():
 # cancel
 
 
-def test_cancel_ends_pending_jobs_and_names_the_others(db, cli):
+def test_cancel_ends_pending_jobs_stops_running_ones_and_names_the_others(db, cli):
     pending = _job(db, n=1)
     delayed = _job(db, run_at=later(days=1), n=2)
     running = _job(db, status="started", worker_id="w", n=3)
@@ -403,27 +404,47 @@ def test_cancel_ends_pending_jobs_and_names_the_others(db, cli):
     assert code == 1, err
     assert out.splitlines() == [
         f"cancelled 2 jobs: {pending}, {delayed}",
-        "left 3 jobs alone, not pending:",
-        f"  {running}: started",
+        f"stopping 1 running jobs: {running} (their workers end them skip: cancelled by operator)",
+        "left 1 jobs alone, already ended:",
         f"  {done}: ok",
-        "  999999: no such job",
     ]
-    rows = db.query("SELECT id, status, finished_at IS NOT NULL FROM jobs ORDER BY id")
+    assert err == "cancel: no job 999999\n"
+    rows = db.query("SELECT id, status, finished_at IS NOT NULL, cancel_requested FROM jobs ORDER BY id")
     assert rows == [
-        (pending, "skip: cancelled by operator", True),
-        (delayed, "skip: cancelled by operator", True),
-        (running, "started", False),
-        (done, "ok", True),
+        (pending, "skip: cancelled by operator", True, None),
+        (delayed, "skip: cancelled by operator", True, None),
+        # Its worker ends it; until then it is started, and asked to stop.
+        (running, "started", False, "operator"),
+        (done, "ok", True, None),
     ]
     assert overview.queue_stats(db, ["caches"])[0].done_1h["skip"] == 2  # counted as skips, not errors
     again = _job(db, n=5)
-    code, out, _ = cli("cancel", str(again), "--json")
-    assert (code, json.loads(out)) == (0, {"cancelled": [again], "left": []})
-    code, out, _ = cli("cancel", str(again), "--json")
+    code, out, _ = cli("cancel", str(again), str(running), "--json")
+    assert (code, json.loads(out)) == (0, {"cancelled": [again], "stopping": [running], "left": []})
+    code, out, _ = cli("cancel", str(again), "999999", "--json")
     assert (code, json.loads(out)) == (
         1,
-        {"cancelled": [], "left": [{"id": again, "status": "skip: cancelled by operator"}]},
+        {
+            "cancelled": [],
+            "stopping": [],
+            "left": [{"id": again, "status": "skip: cancelled by operator"}, {"id": 999999, "status": None}],
+        },
     )
+
+
+def test_status_and_show_tell_a_started_job_an_operator_cancelled(db, cli):
+    running = _job(db, status="started", worker_id="w", n=1)
+    _job(db, status="started", worker_id="w", slot=1, n=2)
+    assert cli("cancel", str(running))[0] == 0
+    code, out, err = cli("status")
+    assert code == 0, err
+    [caches] = [r for r in _lines(out) if r[0] == "caches"]
+    assert caches[4] == "2 (1 cancelling)"
+    code, out, err = cli("show", str(running))
+    assert code == 0, err
+    shown = dict(line.split(None, 1) for line in out.splitlines()[:23] if " " in line.strip())
+    assert shown["status"] == "started, stopping: cancelled by operator"
+    assert shown["cancel_requested"] == "operator"
 
 
 # db-url

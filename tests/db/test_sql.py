@@ -23,7 +23,7 @@ def test_the_named_queries_the_code_relies_on_exist():
         "job_rescue", "job_delete_finished", "queue_pause", "queue_pause_once", "queue_resume",
         "queue_paused", "dedupe_declare", "clock_fire", "clock_last_fired", "clock_prune", "job_redrive",
         "migration_applied", "migration_record", "queue_stats", "worker_seen", "worker_remove", "worker_forget",
-        "worker_list", "job_failed", "job_get", "job_cancel", "job_statuses", "job_status_of",
+        "worker_list", "job_failed", "job_get", "job_cancel", "job_cancel_running", "job_statuses", "job_status_of",
     }  # fmt: skip
     assert expected <= Q.names()
 

@@ -333,7 +333,7 @@ def _bulk(request: Request, session: str | None, db: Any) -> Response:
 
 
 def _act(job_id: int, action: str, session: str | None, db: Any) -> Response:
-    """One job's action, as one statement; logged with the operator's session."""
+    """One job's action, in one transaction; logged with the operator's session."""
     operator = _operator(session)
     message = one_job.act(db, job_id, action, operator)
     log.info("admin %s job=%s by %s: %s", action, job_id, operator, message)

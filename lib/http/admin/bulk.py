@@ -5,9 +5,10 @@ The page first shows how many jobs the action will touch (the jobs list's
 own count, under its cap and the page's budget, else the planner's estimate)
 and asks once. The action reads the ids the filters match (the jobs list's
 own query), refuses more than BULK_CAP of them, so no slip acts on millions
-of rows, and is then one statement over those ids: the CLI's cancel
-(job_cancel), which leaves a job claimed meanwhile to run, or redrive, with
-its rules for deduped jobs.
+of rows, and is then one statement over those ids: job_cancel, which ends
+the pending ones and leaves a job claimed meanwhile to run (the pending jobs
+are what the page counted and asked about; one job's page stops a running
+one), or redrive, with its rules for deduped jobs.
 """
 
 from __future__ import annotations
@@ -99,7 +100,7 @@ def _matched(db: Any, values: dict[str, Any]) -> list[int]:
 
 
 def _cancel(db: Any, ids: list[int], operator: str) -> str:
-    reason = st.skip(f"cancelled by an operator on the admin page ({operator})")
+    reason = st.cancelled(f"an operator on the admin page ({operator})")
     ended = db.query(Q.job_cancel, {"ids": ids, "status": reason}) if ids else []
     return f"cancelled {len(ended)} jobs: {reason}"
 

@@ -1,9 +1,8 @@
 """One job's page: the row as it is shown (its args and its steps' results
-masked), and the actions that fit its state: cancel a pending one, run a
-scheduled one now, retry a failed one, with its steps kept or forgotten.
-Each action is one statement that rechecks the state on the row it changes,
-so a job the worker claimed meanwhile is left alone and the operator is
-told why."""
+masked), and the actions that fit its state: cancel a pending or running
+one, run a scheduled one now, retry a failed one, with its steps kept or
+forgotten. Each action rechecks the state on the rows it changes, so a job
+that ended or was claimed meanwhile is left alone and the operator is told why."""
 
 from __future__ import annotations
 
@@ -15,6 +14,7 @@ from typing import Any
 from lib.http.admin.jobs import state_of
 from lib.job import status as st
 from lib.operate import overview
+from lib.operate.cancel import cancel as cancel_jobs
 from lib.operate.overview import JobSteps
 from lib.operate.redrive import redrive
 from lib.operate.tables import PREVIEW_CHARS, compact_json, cut
@@ -30,7 +30,7 @@ SECRET_WORDS = ("token", "secret", "password", "key")
 
 @dataclass(frozen=True)
 class Actions:
-    cancel: bool  # pending, due or scheduled
+    cancel: bool  # pending, due or scheduled; or running, and not cancelled yet
     run_now: bool  # pending with run_at in the future
     retry: bool  # failed (err:)
     retry_fresh: bool  # failed, with steps to forget
@@ -56,7 +56,7 @@ def shown(job: dict[str, Any], steps: JobSteps, now: datetime) -> dict[str, Any]
         "latency": _between(job["run_at"], job["started_at"]),
         "ran_for": _between(job["started_at"], job["finished_at"]),
         "actions": Actions(
-            cancel=pending,
+            cancel=pending or (job["status"] == st.STARTED and not job["cancel_requested"]),
             run_now=pending and job["run_at"] > now,
             retry=failed,
             retry_fresh=failed and steps.total > 0,
@@ -106,10 +106,15 @@ def act(db: Any, job_id: int, action: str, operator: str) -> str:
 
 
 def cancel(db: Any, job_id: int, operator: str) -> str:
-    reason = st.skip(f"cancelled by an operator on the admin page ({operator})")
-    if db.query(Q.job_cancel, {"ids": [job_id], "status": reason}):
-        return f"cancelled job {job_id}: {reason}"
-    return f"job {job_id} was not cancelled: {_not_pending(db, job_id)}"
+    by = f"an operator on the admin page ({operator})"
+    done = cancel_jobs(db, [job_id], by)
+    if done.ended:
+        return f"cancelled job {job_id}: {st.cancelled(by)}"
+    if done.stopping:
+        return f"stopping job {job_id}: its worker ends it {st.cancelled(by)}"
+    if done.unknown:
+        return f"job {job_id} was not cancelled: there is no such job"
+    return f"job {job_id} was not cancelled: it has already ended: {done.left.get(job_id, '')[:200]}"
 
 
 def run_now(db: Any, job_id: int) -> str:
@@ -144,5 +149,5 @@ def _not_pending(db: Any, job_id: int, found: str | None = None) -> str:
     if found is None:
         return "there is no such job"
     if found == st.STARTED:
-        return "it is running; a running job is not cancelled"
+        return "it is running"
     return f"it is no longer pending: {found[:200]}"
