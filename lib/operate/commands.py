@@ -36,8 +36,8 @@ from lib.operate.tables import (
     ids_text,
     is_tty,
     pause_text,
-    preview,
     print_json,
+    print_steps,
     print_table,
     time_text,
     worker_row,
@@ -195,17 +195,8 @@ def show(db: Any, args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         for e in job["attempt_errors"]:
             print(f"  attempt {e.get('attempt')} at {e.get('at')}: {one_line(str(e.get('error')))}", file=out)
     if steps.listed:
-        _print_steps(steps, out)
+        print_steps(steps.listed, steps.total, out)
     return 0
-
-
-def _print_steps(steps: overview.JobSteps, out: IO[str]) -> None:
-    print(f"steps ({steps.total}), kept for the job's later runs:", file=out)
-    width = max(len(one_line(name)) for name, _, _ in steps.listed) + 2
-    for name, at, result in steps.listed:
-        print(f"  {one_line(name):<{width}}{time_text(at)}  {preview(result)}", file=out)
-    if steps.total > len(steps.listed):
-        print(f"  and {steps.total - len(steps.listed)} more", file=out)
 
 
 def redrive_failed(db: Any, args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:

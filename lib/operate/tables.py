@@ -85,3 +85,13 @@ def ids_text(ids: Sequence[int]) -> str:
     shown = ", ".join(map(str, ids[:LISTED_IDS]))
     more = f", and {len(ids) - LISTED_IDS} more" if len(ids) > LISTED_IDS else ""
     return f": {shown}{more}"
+
+
+def print_steps(listed: Sequence[tuple[str, Any, Any]], total: int, out: IO[str]) -> None:
+    """A job's steps (name, when stored, result), a preview of each result."""
+    print(f"steps ({total}), kept for the job's later runs:", file=out)
+    width = max(len(one_line(name)) for name, _, _ in listed) + 2
+    for name, at, result in listed:
+        print(f"  {one_line(name):<{width}}{time_text(at)}  {preview(result)}", file=out)
+    if total > len(listed):
+        print(f"  and {total - len(listed)} more", file=out)
