@@ -22,6 +22,7 @@ from lib.background.clock import Clock, Scheduled  # noqa: E402
 from lib.background.horizon_watch import HorizonWatch  # noqa: E402
 from lib.background.leases import Leases, new_worker_id  # noqa: E402
 from lib.background.rollup import Rollup  # noqa: E402
+from lib.background.waits import Waits  # noqa: E402
 from lib.greenlets import hub_watch, reports  # noqa: E402
 from lib.greenlets.supervise import Supervisor  # noqa: E402
 from lib.operate import overview, queue_state, setup_check  # noqa: E402
@@ -412,6 +413,8 @@ def run(
         known=known,
     )
     pollers = [Poller(q, db, runtime) for q in queues]
+    # The jobs that wait for others, released as those end (lib/background/waits.py).
+    waits = Waits(db, outage, every=None if listen_url else settings.queue_poll_interval(listening=False))
     slots = sum(p.concurrency for p in pollers)
     if slots > len(pollers):
         db.grow(slots - len(pollers))
@@ -419,11 +422,12 @@ def run(
         Listener(
             listen_url,
             wake=_router(pollers),
-            wake_all=lambda: _wake(pollers),
+            wake_all=lambda: (_wake(pollers), waits.wake()),
             outage=outage,
             state=queue_state.logger({p.queue for p in pollers}),
             # An operator's cancel: the handler of a job this process runs is told to stop.
             cancel=leases.cancel,
+            waits=waits.wake,
         )
         if listen_url is not None
         else None
@@ -445,6 +449,7 @@ def run(
     if schedule:
         helpers.append(supervisor.spawn("clock", Clock(db, list(schedule), outage=outage).run))
     helpers.append(supervisor.spawn("rollup", Rollup(db, outage=outage).run))
+    helpers.append(supervisor.spawn("waits", waits.run))
     # A transaction or slot that holds the horizon is told of once per hold.
     helpers.append(supervisor.spawn("horizon", HorizonWatch(db, outage=outage).run))
     # The database's return wakes every poller at once (lib/run/recovery.py).

@@ -13,7 +13,7 @@ import dataclasses
 import json
 import os
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -27,6 +27,8 @@ MAX_ARGS_BYTES = 256 * 1024
 # Queue and job names are indexed together (jobs_failed_queue); a btree entry
 # holds at most 2,704 bytes, and two names of 200 characters are at most 1,600 bytes of UTF-8.
 MAX_NAME_CHARS = 200
+# The jobs one job may wait for: a fan-in past this is a job per group.
+MAX_AFTER = 1000
 
 
 class InvalidJob(ValueError):
@@ -44,6 +46,8 @@ class Job:
     priority: int = 0
     max_attempts: int | None = None
     key: str | None = None
+    after: Sequence[int] = ()
+    after_any_outcome: bool = False
 
 
 def insert(
@@ -57,6 +61,8 @@ def insert(
     max_attempts: int | None = None,
     callsite: str | None = None,
     key: str | None = None,
+    after: Sequence[int] = (),
+    after_any_outcome: bool = False,
 ) -> int | None:
     """Write one job; its id, or None when a unique (dedupe) index suppressed it.
 
@@ -68,6 +74,12 @@ def insert(
     enqueues for a person names itself instead, "cli"). key puts the job in
     an order of its own within the queue ("repo:octo/hello"): the jobs of one
     key start one at a time, in the queue's order, across every worker.
+
+    after names jobs this one waits for: it runs once every one has ended ok
+    (in any queue, run by any process); when one ends otherwise it ends as a
+    skip naming it, unless after_any_outcome. Each must exist, else the
+    database refuses the insert, and the caller's transaction with it; each
+    is locked until that transaction ends, and its own outcome waits for that.
     """
     params = {
         "queue": queue,
@@ -79,7 +91,10 @@ def insert(
         "callsite": callsite or _callsite(),
         "key": _key(key),
     }
-    found = _fetch(db, Q.job_insert, params, one=True)
+    waits_for = _after(after)
+    if waits_for:
+        params.update(after=waits_for, any_outcome=bool(after_any_outcome))
+    found = _fetch(db, Q.job_insert_after if waits_for else Q.job_insert, params, one=True)
     return found[0][0] if found else None
 
 
@@ -90,6 +105,10 @@ def insert_many(db: Any, jobs: Iterable[Job], *, callsite: str | None = None) ->
     jobs = list(jobs)
     if not jobs:
         return []
+    if any(j.after for j in jobs):
+        # Each made to wait as insert makes it, in the statement after its own.
+        site = callsite or _callsite()
+        return [i for j in jobs if (i := _insert_job(db, j, site)) is not None]
     # Each column goes as one JSON array: psycopg2 would write a list as an
     # ARRAY[...] of one literal per job, which costs more to build and to parse.
     texts = [checked(j) for j in jobs]
@@ -188,6 +207,7 @@ def check_name(field: str, value: Any) -> str:
 
 def checked(job: Job) -> str:
     """The job's args as JSON text, once every field is known good; else InvalidJob."""
+    _after(job.after)
     return _checked(job.queue, job.name, job.args, job.run_at, job.priority, job.max_attempts, job.key)
 
 
@@ -205,6 +225,35 @@ def _checked(queue: Any, name: Any, args: Any, run_at: Any, priority: Any, max_a
         raise InvalidJob("run_at must be a timezone-aware datetime (a naive one is ambiguous)")
     _key(key)
     return encode_args(args)
+
+
+def _insert_job(db: Any, job: Job, callsite: str) -> int | None:
+    return insert(
+        db,
+        job.queue,
+        job.name,
+        job.args,
+        run_at=job.run_at,
+        priority=job.priority,
+        max_attempts=job.max_attempts,
+        callsite=callsite,
+        key=job.key,
+        after=job.after,
+        after_any_outcome=job.after_any_outcome,
+    )
+
+
+def _after(after: Any) -> list[int]:
+    """The ids a job waits for, each a positive int; else InvalidJob."""
+    if isinstance(after, str | bytes) or not isinstance(after, Iterable):
+        raise InvalidJob(f"after must be a list of job ids, got {after!r:.200}")
+    ids = list(after)
+    for job_id in ids:
+        if isinstance(job_id, bool) or not isinstance(job_id, int) or job_id < 1:
+            raise InvalidJob(f"after must hold job ids (positive ints), got {job_id!r:.200}")
+    if len(ids) > MAX_AFTER:
+        raise InvalidJob(f"after names {len(ids)} jobs; the limit is {MAX_AFTER}")
+    return sorted(set(ids))
 
 
 def _key(key: Any) -> str | None:

@@ -77,10 +77,10 @@ SELECT count(*)::int FROM (
 ) AS capped
 
 -- name: admin_job_run_now
--- Make a scheduled job (pending, run_at in the future) due now and wake its queue's pollers, which may be asleep until the old run_at; the id when it was one.
+-- Make a scheduled job (pending, run_at in the future, not waiting for other jobs) due now and wake its queue's pollers, which may be asleep until the old run_at; the id when it was one.
 WITH moved AS (
   UPDATE jobs SET run_at = now()
-  WHERE id = %(id)s::bigint AND status = 'pending' AND run_at > now()
+  WHERE id = %(id)s::bigint AND status = 'pending' AND run_at > now() AND run_at < jobs_waiting_run_at()
   RETURNING id, queue
 )
 SELECT id, pg_notify('jobs', queue) FROM moved

@@ -13,6 +13,17 @@ SELECT id FROM jobs_insert_many(%(callsite)s::text, %(queues)s::jsonb, %(names)s
                                 %(run_ats)s::jsonb, %(priorities)s::jsonb, %(max_attempts)s::jsonb,
                                 %(keys)s::jsonb) AS id
 
+-- name: job_insert_after
+-- Enqueue one job that waits for others (insert's after=): jobs_insert, then jobs_wait_for (sql/rules/waits.sql) in the same statement, so no worker sees the job before it waits; NULL when dedupe suppressed it.
+SELECT i.id
+FROM jobs_insert(%(queue)s::text, %(name)s::text, %(args)s::jsonb, %(callsite)s::text,
+                 %(run_at)s::timestamptz, %(priority)s::int, %(max_attempts)s::int, %(key)s::text) AS i(id),
+     jobs_wait_for(i.id, %(after)s::bigint[], %(any_outcome)s::boolean) AS w
+
+-- name: job_release_waiters
+-- Release the waiting jobs whose jobs have ended, or end them skipped: jobs_release_waiters (sql/rules/waits.sql); how many.
+SELECT jobs_release_waiters();
+
 -- name: job_claim
 -- Claim the queue's next due job (or the one asked for) for one slot: a lone claim (jobs_step_one, sql/rules/step.sql), in job_claimed_by's columns. With nothing claimed, one row of NULLs whose wait says how long until the queue may have work.
 SELECT id, name, args, attempts, max_attempts, callsite, latency, wait, slot

@@ -45,6 +45,7 @@ CREATE TABLE jobs (
   -- Who asked to cancel the job while it ran (migration 039), kept until it
   -- ends: its worker stops it, and a rescue ends it cancelled.
   cancel_requested text,
+  waited_on boolean,  -- another job waits for this one (job_waits): its end tells the workers
   CONSTRAINT jobs_run_at_finite CHECK (isfinite(run_at))
 );
 CREATE SEQUENCE jobs_claim_seq;
@@ -118,6 +119,23 @@ CREATE TABLE job_steps (
   stored_at timestamptz NOT NULL DEFAULT now(),
   PRIMARY KEY (job_id, name)
 );
+
+-- A job that waits for others (insert(..., after=[...]), sql/rules/waits.sql):
+-- how many have not ended, when it is due once they have (its row's run_at is
+-- the end of time meanwhile), and whether it runs whatever they end in.
+CREATE TABLE job_waiters (
+  waiter bigint PRIMARY KEY,
+  waits int NOT NULL,
+  run_at timestamptz NOT NULL,
+  any_outcome boolean NOT NULL
+);
+-- Each job a waiting job waits for and has not seen end.
+CREATE TABLE job_waits (
+  dep bigint NOT NULL,
+  waiter bigint NOT NULL,
+  PRIMARY KEY (dep, waiter)
+);
+CREATE INDEX job_waits_waiter ON job_waits (waiter);
 
 -- The job names whose pending or started copies are unique.
 CREATE TABLE job_dedupe_names (

@@ -4,7 +4,7 @@
 -- finished rows kept for retention.
 
 -- name: queue_stats
--- Per queue: pending rows (due, retrying, oldest due run_at), started rows (and those of them an operator asked to cancel), rows finished in the last hour by status prefix (rolled-up minutes, then the rows since), the pause and throttle in force, the concurrency set at run time and by whom, the keys with work; for every queue with live or recent rows or job_queues state, and the names given. With rows given, each queue's pending rows are read up to an even share of that many (at least 100), earliest run_at first, and the last column is that share for a queue with more (its counts then stop there); NULL reads them all.
+-- Per queue: pending rows (due, retrying, oldest due run_at), started rows (and those of them an operator asked to cancel), rows finished in the last hour by status prefix (rolled-up minutes, then the rows since), the pause and throttle in force, the concurrency set at run time and by whom, the keys with work, the pending rows that wait for other jobs (insert's after=); for every queue with live or recent rows or job_queues state, and the names given. With rows given, each queue's pending rows are read up to an even share of that many (at least 100), earliest run_at first, and the last column is that share for a queue with more (its counts then stop there); NULL reads them all.
 WITH RECURSIVE
 -- The queues with pending rows, one probe of jobs_pending_due each: a read
 -- of every pending row would cost what a backlog weighs.
@@ -71,7 +71,7 @@ queues AS (
 SELECT q.queue, p.pending, p.due, coalesce(r.running, 0), coalesce(r.cancelling, 0),
        extract(EPOCH FROM now() - p.oldest_due)::float8, coalesce(d.done, '{}'::jsonb),
        p.retrying, s.paused_until, s.pause_reason, s.throttled_until, s.scaled_to, s.scaled_by,
-       k.keys, CASE WHEN p.pending > share.n THEN share.n END
+       k.keys, CASE WHEN p.pending > share.n THEN share.n END, p.waiting
 FROM queues q
 CROSS JOIN share
 -- Earliest run_at first, so the due rows come before the scheduled ones: a
@@ -81,6 +81,7 @@ CROSS JOIN LATERAL (
   SELECT count(*)::int AS pending,
          count(*) FILTER (WHERE run_at <= now())::int AS due,
          count(*) FILTER (WHERE attempts > 0)::int AS retrying,
+         count(*) FILTER (WHERE run_at = jobs_waiting_run_at())::int AS waiting,
          min(run_at) FILTER (WHERE run_at <= now()) AS oldest_due
   FROM (SELECT run_at, attempts FROM jobs WHERE status = 'pending' AND queue = q.queue
         ORDER BY run_at LIMIT share.n + 1) AS head

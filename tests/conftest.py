@@ -67,7 +67,7 @@ def db(database_url: str) -> Iterator[DB]:
     pool = DB.connect(database_url, size=8, application_name="jobs-test")
     pool.exec(
         "TRUNCATE jobs, cache_entries, job_queues, job_rates, job_dedupe_names, clock_ticks, workers, job_minutes,"
-        " job_steps RESTART IDENTITY"
+        " job_steps, job_waiters, job_waits RESTART IDENTITY"
     )
     yield pool
     pool.close()

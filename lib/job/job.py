@@ -28,6 +28,8 @@ class FollowUp:
     max_attempts: int | None = None
     key: str | None = None
     when: frozenset[st.Kind] = frozenset({st.Kind.OK})
+    after: tuple[int, ...] = ()  # jobs it waits for (insert's after=)
+    after_any_outcome: bool = False
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,8 @@ class PendingJob:
         max_attempts: int | None = None,
         key: str | None = None,
         when: str | tuple[str, ...] = "ok",
+        after: tuple[int, ...] | list[int] = (),
+        after_any_outcome: bool = False,
     ) -> None:
         """Enqueue a job when this one ends, with the options of insert. It is
         written in the transaction that stores this job's outcome, so it
@@ -77,13 +81,17 @@ class PendingJob:
         leaves neither without the other, and a run that never stores its
         outcome (a retry, a rescue) adds nothing. when: the outcomes that
         write it, "ok" (the default), "fail" or "skip", or several; a fault
-        never does. The job's fields are checked when the handler returns:
-        a bad one fails this job, saying which."""
+        never does. after and after_any_outcome: as for insert. The job's
+        fields are checked when the handler returns: a bad one fails this
+        job, saying which."""
         kinds = {when} if isinstance(when, str) else set(when)
         wanted = frozenset(k for k in FOLLOW_KINDS if k.value in kinds)
         if not wanted or len(wanted) != len(kinds):
             raise ValueError(f"then(when=...) takes 'ok', 'fail' or 'skip', or several, not {when!r}")
-        self.followups.append(FollowUp(queue, name, args, run_at, priority, max_attempts, key, wanted))
+        follow = FollowUp(
+            queue, name, args, run_at, priority, max_attempts, key, wanted, tuple(after), after_any_outcome
+        )
+        self.followups.append(follow)
 
     def step(self, name: str, fn: Callable[[], Any]) -> Any:
         """fn(), once per job: its result is stored (as JSON, in a transaction

@@ -39,6 +39,7 @@ from lib.operate.tables import (
     print_json,
     print_steps,
     print_table,
+    print_waits,
     time_text,
     worker_row,
 )
@@ -84,7 +85,8 @@ def status(db: Any, args: argparse.Namespace, out: IO[str], *, queues: Iterable[
             s.queue,
             s.pending,
             s.due,
-            s.delayed,
+            # Of the delayed rows, those that wait for other jobs to end.
+            f"{s.delayed} ({s.waiting} waiting)" if s.waiting else s.delayed,
             # A started job an operator cancelled runs on until its worker stops it.
             f"{s.running} ({s.cancelling} cancelling)" if s.cancelling else s.running,
             overview.age(s.oldest_due_age_s),
@@ -196,6 +198,7 @@ def show(db: Any, args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
             print(f"  attempt {e.get('attempt')} at {e.get('at')}: {one_line(str(e.get('error')))}", file=out)
     if steps.listed:
         print_steps(steps.listed, steps.total, out)
+    print_waits(overview.job_waits(db, args.id), out)
     return 0
 
 

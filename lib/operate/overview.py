@@ -41,6 +41,7 @@ class QueueStats:
     # then at least what they say, and due is exact while under it.
     counted_to: int | None = None
     cancelling: int = 0  # started rows an operator asked to cancel, their workers stopping them
+    waiting: int = 0  # delayed rows that wait for other jobs to end (insert's after=)
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,7 @@ def queue_stats(db: Any, queues: Iterable[str] = (), rows: int | None = None) ->
             keys=keys,
             counted_to=counted_to,
             cancelling=cancelling,
+            waiting=waiting,
         )
         for (
             queue,
@@ -98,6 +100,7 @@ def queue_stats(db: Any, queues: Iterable[str] = (), rows: int | None = None) ->
             scaled_by,
             keys,
             counted_to,
+            waiting,
         ) in found_rows
     ]
     return sorted(found, key=lambda s: s.queue)
@@ -159,6 +162,21 @@ class JobSteps:
 def job_steps(db: Any, job_id: int) -> JobSteps:
     rows = db.query(Q.job_steps_listed, {"id": job_id, "limit": STEPS_SHOWN})
     return JobSteps([(name, at, result) for name, at, result, _ in rows], rows[0][3] if rows else 0)
+
+
+@dataclass(frozen=True)
+class JobWaits:
+    """A job's waits now (insert's after=): the jobs it waits for that have
+    not ended, and the jobs that wait for it, each (id, status), at most
+    STEPS_SHOWN of each."""
+
+    waits_for: list[tuple[int, str | None]]
+    waited_by: list[tuple[int, str | None]]
+
+
+def job_waits(db: Any, job_id: int) -> JobWaits:
+    rows = db.query(Q.job_waits_listed, {"id": job_id, "limit": STEPS_SHOWN})
+    return JobWaits([(i, s) for mine, i, s in rows if mine], [(i, s) for mine, i, s in rows if not mine])
 
 
 def age(seconds: float | None) -> str:

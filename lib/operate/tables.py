@@ -95,3 +95,10 @@ def print_steps(listed: Sequence[tuple[str, Any, Any]], total: int, out: IO[str]
         print(f"  {one_line(name):<{width}}{time_text(at)}  {preview(result)}", file=out)
     if total > len(listed):
         print(f"  and {total - len(listed)} more", file=out)
+
+
+def print_waits(waits: overview.JobWaits, out: IO[str]) -> None:
+    """What a job waits for now, and what waits for it (insert's after=)."""
+    for what, jobs in (("waits for", waits.waits_for), ("waited for by", waits.waited_by)):
+        if jobs:
+            print(f"{what}: " + ", ".join(f"{i} ({one_line(s or 'deleted')[:60]})" for i, s in jobs), file=out)

@@ -35,8 +35,9 @@ def to_write(
     for follow in job.followups:
         if kind not in follow.when:
             continue
+        f = follow
         written = Job(
-            follow.queue, follow.name, follow.args, follow.run_at, follow.priority, follow.max_attempts, follow.key
+            f.queue, f.name, f.args, f.run_at, f.priority, f.max_attempts, f.key, f.after, f.after_any_outcome
         )
         try:
             checked(written)

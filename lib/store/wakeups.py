@@ -29,6 +29,8 @@ CHANNEL = "jobs"
 STATE_CHANNEL = "jobs_state"
 # Cancels of started jobs, each payload '<id> <who asked>'.
 CANCEL_CHANNEL = "jobs_cancel"
+# The end of a job others wait for (jobs_dep_ended, sql/rules/waits.sql).
+WAITS_CHANNEL = "jobs_waits"
 # How often the loop looks at stop while no notification comes.
 _SELECT_TIMEOUT = 5.0
 # The longest wait between tries to listen again: short, so that wakeups
@@ -46,6 +48,7 @@ class Listener:
         outage: Outage | None = None,
         state: Callable[[str], None] | None = None,
         cancel: Callable[[int, str], None] | None = None,
+        waits: Callable[[], None] | None = None,
     ) -> None:
         self.dsn = dsn
         self.wake = wake
@@ -54,6 +57,8 @@ class Listener:
         self.state = state
         # Given each CANCEL_CHANNEL job id and who asked; None: that channel is not listened to.
         self.cancel = cancel
+        # Called when a job others wait for has ended; None: that channel is not listened to.
+        self.waits = waits
         self.outage = outage or Outage("listen for wakeups")
         self.listening = Event()  # set while a LISTEN connection is up (tests wait on it)
         self._warned_pooler = False  # said once per process, not at every reconnect
@@ -87,6 +92,8 @@ class Listener:
                 cur.execute(f"LISTEN {STATE_CHANNEL}")
             if self.cancel is not None:
                 cur.execute(f"LISTEN {CANCEL_CHANNEL}")
+            if self.waits is not None:
+                cur.execute(f"LISTEN {WAITS_CHANNEL}")
         if not self._warned_pooler and behind_pooler(conn):
             # Accepted, and in transaction mode never heard again: the pooler
             # hands the session that listens to other clients' transactions.
@@ -110,7 +117,10 @@ class Listener:
             queues = {n.payload for n in conn.notifies if n.channel == CHANNEL}
             states = [n.payload for n in conn.notifies if n.channel == STATE_CHANNEL]
             cancels = [n.payload for n in conn.notifies if n.channel == CANCEL_CHANNEL]
+            ended = any(n.channel == WAITS_CHANNEL for n in conn.notifies)
             conn.notifies.clear()
+            if ended and self.waits is not None:
+                self.waits()
             if self.cancel is not None:
                 for payload in cancels:
                     _cancelled(payload, self.cancel)

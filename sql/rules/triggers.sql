@@ -33,3 +33,12 @@ CREATE OR REPLACE TRIGGER jobs_notify_updated
   FOR EACH ROW
   WHEN (OLD.status IS DISTINCT FROM NEW.status AND NEW.status = 'pending')
   EXECUTE FUNCTION jobs_notify_updated();
+
+-- The end of a job others wait for tells the workers, which release them
+-- (waits.sql). Only a marked row runs it: the WHEN costs every other update
+-- one comparison.
+CREATE OR REPLACE TRIGGER jobs_dep_ended
+  AFTER UPDATE OF status ON jobs
+  FOR EACH ROW
+  WHEN (NEW.waited_on AND OLD.status IN ('pending', 'started') AND NEW.status NOT IN ('pending', 'started'))
+  EXECUTE FUNCTION jobs_dep_ended();

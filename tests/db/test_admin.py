@@ -1115,3 +1115,17 @@ def test_an_action_on_a_row_another_transaction_holds_says_so_and_does_nothing(d
         holder.close()
     warned = [r.getMessage() for r in caplog.records if "locked; nothing done" in r.getMessage()]
     assert len(warned) == 5
+
+
+def test_a_job_page_shows_what_it_waits_for_and_what_waits_for_it(db):
+    dep = insert(db, "mail", "mail.Send")
+    waiting = insert(db, "mail", "mail.Send", {"n": 2}, after=[dep])
+    with admin_site(db) as base:
+        page = html.unescape(requests.get(f"{base}/admin/jobs/{waiting}", headers=AUTH, timeout=5).text)
+        waits = re.search(r'<dl id="waits">(.*?)</dl>', page, re.S).group(1)
+        assert "waits for" in waits and f'/admin/jobs/{dep}">{dep}</a>' in waits and "waited for by" not in waits
+        # Not offered to run now: it is not due until its job ends.
+        assert f"/jobs/{waiting}/run-now" not in page
+        page = html.unescape(requests.get(f"{base}/admin/jobs/{dep}", headers=AUTH, timeout=5).text)
+        waits = re.search(r'<dl id="waits">(.*?)</dl>', page, re.S).group(1)
+        assert "waited for by" in waits and f'/admin/jobs/{waiting}">{waiting}</a>' in waits

@@ -21,6 +21,7 @@ from tests_support import ROOT
 
 import worker
 from lib.background import worker_registry
+from lib.insert import insert
 from lib.job.args import ArgsError, unmarshal_args
 from lib.operate import commands, overview, queue_state, tables
 from lib.operate.cli import make_parser
@@ -85,7 +86,7 @@ def test_status_on_an_empty_table_lists_every_registered_queue_with_zeros(db, cl
         "done_1h": {"ok": 0, "fail": 0, "skip": 0, "err": 0}, "retrying": 0,
         "paused_until": None, "pause_reason": None, "throttled_until": None, "scaled_to": None, "scaled_by": None, "keys": 0,
         "counted_to": None,  # status counts every pending row
-        "cancelling": 0,
+        "cancelling": 0, "waiting": 0,
     }  # fmt: skip
 
 
@@ -577,3 +578,17 @@ def test_scale_sets_a_queue_concurrency_within_its_definition(db, cli):
     code, out, err = cli("scale", "caches", "default")
     assert code == 0, err
     assert db.query_row("SELECT scaled_to FROM job_queues WHERE queue = 'caches'") == (None,)
+
+
+def test_status_counts_waiting_jobs_and_show_names_what_a_job_waits_for(db, cli):
+    dep = insert(db, "caches", "caches.Refresh", {"n": 1})
+    waiting = insert(db, "caches", "caches.Refresh", {"n": 2}, after=[dep])
+    code, out, err = cli("status")
+    assert code == 0, err
+    [caches] = [r for r in _lines(out) if r[0] == "caches"]
+    assert caches[1:4] == ["2", "1", "1 (1 waiting)"]
+    code, out, err = cli("show", str(waiting))
+    assert code == 0, err
+    assert f"waits for: {dep} (pending)" in out.splitlines()
+    code, out, err = cli("show", str(dep))
+    assert f"waited for by: {waiting} (pending)" in out.splitlines()

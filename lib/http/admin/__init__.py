@@ -258,7 +258,8 @@ class Admin(Sessions):
         job = overview.job(self.db, job_id) if job_id < 2**63 else None
         if job is None:
             return self._missing(request, session, f"There is no job {job_id}: it never was, or it was deleted.")
-        shown = one_job.shown(job, overview.job_steps(self.db, job_id), datetime.now(UTC))
+        steps, waits = overview.job_steps(self.db, job_id), overview.job_waits(self.db, job_id)
+        shown = one_job.shown(job, steps, datetime.now(UTC), waits)
         return self._page("job.html", request, session, job=shown, secret_words=one_job.SECRET_WORDS)
 
     def _login(self, request: Request) -> Response:

@@ -15,7 +15,7 @@ from lib.http.admin.jobs import state_of
 from lib.job import status as st
 from lib.operate import overview
 from lib.operate.cancel import cancel as cancel_jobs
-from lib.operate.overview import JobSteps
+from lib.operate.overview import JobSteps, JobWaits
 from lib.operate.redrive import redrive
 from lib.operate.tables import PREVIEW_CHARS, compact_json, cut
 from lib.setup.error_reports import configured_secrets
@@ -36,9 +36,10 @@ class Actions:
     retry_fresh: bool  # failed, with steps to forget
 
 
-def shown(job: dict[str, Any], steps: JobSteps, now: datetime) -> dict[str, Any]:
+def shown(job: dict[str, Any], steps: JobSteps, now: datetime, waits: JobWaits | None = None) -> dict[str, Any]:
     """The job as the page shows it: args as masked, indented JSON text, its
-    steps each with a masked preview of its result, and the timings worked out."""
+    steps each with a masked preview of its result, what it waits for and
+    what waits for it, and the timings worked out."""
     args = json.dumps(masked(job["args"]), indent=2, ensure_ascii=False, sort_keys=True)
     pending = job["status"] == st.PENDING
     failed = job["status"].startswith("err: ")
@@ -52,12 +53,14 @@ def shown(job: dict[str, Any], steps: JobSteps, now: datetime) -> dict[str, Any]
             for name, at, result in steps.listed
         ],
         "steps_total": steps.total,
+        "waits": waits,
         "state": state(job, now),
         "latency": _between(job["run_at"], job["started_at"]),
         "ran_for": _between(job["started_at"], job["finished_at"]),
         "actions": Actions(
             cancel=pending or (job["status"] == st.STARTED and not job["cancel_requested"]),
-            run_now=pending and job["run_at"] > now,
+            # A job that waits for others is not due until they end.
+            run_now=pending and job["run_at"] > now and not (waits and waits.waits_for),
             retry=failed,
             retry_fresh=failed and steps.total > 0,
         ),
