@@ -50,6 +50,21 @@ class Job:
     after_any_outcome: bool = False
 
 
+def job_of(fields: Any) -> Job:
+    """A Job of anything with its fields by name (a follow-up, PendingJob.then)."""
+    return Job(
+        fields.queue,
+        fields.name,
+        fields.args,
+        fields.run_at,
+        fields.priority,
+        fields.max_attempts,
+        fields.key,
+        fields.after,
+        fields.after_any_outcome,
+    )
+
+
 def insert(
     db: Any,
     queue: str,

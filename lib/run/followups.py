@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from lib.background import worker_registry
-from lib.insert import InvalidJob, Job, checked
+from lib.insert import InvalidJob, Job, checked, job_of
 from lib.job import PendingJob
 from lib.job import status as st
 
@@ -35,10 +35,7 @@ def to_write(
     for follow in job.followups:
         if kind not in follow.when:
             continue
-        f = follow
-        written = Job(
-            f.queue, f.name, f.args, f.run_at, f.priority, f.max_attempts, f.key, f.after, f.after_any_outcome
-        )
+        written = job_of(follow)
         try:
             checked(written)
         except InvalidJob as exc:
