@@ -51,11 +51,12 @@ def handler(job: Any) -> str:
 
 def _file(frame: FrameType) -> str | None:
     """The frame's file as the walk names it; None outside the project (the
-    standard library, gevent, psycopg2, and the test's own code)."""
+    standard library, gevent, psycopg2 in any virtualenv, and the test's own
+    code)."""
     path = frame.f_code.co_filename
     if path == str(HERE):
         return HANDLER if frame.f_code.co_name == "handler" else None
-    if not path.startswith(str(ROOT)) or "/tests/" in path or "/.venv/" in path:
+    if not path.startswith(str(ROOT)) or "/tests/" in path or "/site-packages/" in path:
         return None
     return path[len(str(ROOT)) + 1 :]
 
