@@ -68,49 +68,30 @@ def summarise(db: DB, client: AnthropicClient, job: PendingJob) -> str:
 
 
 def registry(settings: Settings) -> list[Callable[[DB], Queue]]:
-    """The three queues, each on its client, from the worker's settings."""
-
-    def make_enrich(db: DB) -> Queue:
-        return make_api_worker(
-            "enrich",
-            db,
-            None,
-            ApolloClient,
-            {"enrich.Lead": enrich},
-            UNTHROTTLED,
-            token=settings.apollo_api_key,
-            base_url=settings.apollo_base_url,
-            **OPTIONS,
-        )
-
-    def make_summarise(db: DB) -> Queue:
-        return make_api_worker(
+    """The three queues, each on its client, from the worker's settings. The
+    post queue runs the slack queue's handler as it is: the post is marked
+    begun before it is sent."""
+    queues = (
+        ("enrich", ApolloClient, {"enrich.Lead": enrich}, settings.apollo_api_key, settings.apollo_base_url),
+        (
             "summarise",
-            db,
-            None,
             AnthropicClient,
             {"summarise.Lead": summarise},
-            UNTHROTTLED,
-            token=settings.anthropic_api_key,
-            base_url=settings.anthropic_base_url,
-            **OPTIONS,
-        )
+            settings.anthropic_api_key,
+            settings.anthropic_base_url,
+        ),
+        ("post", SlackClient, {"post.Send": post_message}, settings.slack_bot_token, settings.slack_base_url),
+    )
+    return [_api_queue(*queue) for queue in queues]
 
-    def make_post(db: DB) -> Queue:
-        # The slack queue's handler, as it is: the post marked begun before it is sent.
-        return make_api_worker(
-            "post",
-            db,
-            None,
-            SlackClient,
-            {"post.Send": post_message},
-            UNTHROTTLED,
-            token=settings.slack_bot_token,
-            base_url=settings.slack_base_url,
-            **OPTIONS,
-        )
 
-    return [make_enrich, make_summarise, make_post]
+def _api_queue(
+    name: str, client: Any, handlers: dict[str, Any], token: str | None, base_url: str
+) -> Callable[[DB], Queue]:
+    def make(db: DB) -> Queue:
+        return make_api_worker(name, db, None, client, handlers, UNTHROTTLED, token=token, base_url=base_url, **OPTIONS)
+
+    return make
 
 
 if __name__ == "__main__":
