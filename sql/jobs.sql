@@ -21,8 +21,8 @@ FROM jobs_insert(%(queue)s::text, %(name)s::text, %(args)s::jsonb, %(callsite)s:
      jobs_wait_for(i.id, %(after)s::bigint[], %(any_outcome)s::boolean) AS w
 
 -- name: job_release_waiters
--- Release the waiting jobs whose jobs have ended, or end them skipped: jobs_release_waiters (sql/rules/waits.sql); how many.
-SELECT jobs_release_waiters();
+-- Release the waiting jobs whose jobs have ended, or end them skipped: jobs_release_waiters (sql/rules/waits.sql); how many, and how many were held by another transaction.
+SELECT released, held FROM jobs_release_waiters()
 
 -- name: job_claim
 -- Claim the queue's next due job (or the one asked for) for one slot: a lone claim (jobs_step_one, sql/rules/step.sql), in job_claimed_by's columns. With nothing claimed, one row of NULLs whose wait says how long until the queue may have work.

@@ -26,8 +26,10 @@ from lib.store.sql import Q
 
 log = logging.getLogger("jobs.waits")
 
-# How long a release may wait on a job row another transaction holds.
+# How long a release may wait on a lock (a waiter's row held elsewhere is passed over).
 LOCK_TIMEOUT_MS = 2000
+# Seconds until another look, when a waiter's row was held by another transaction.
+HELD_AGAIN = 1.0
 
 
 class Waits:
@@ -39,6 +41,7 @@ class Waits:
         self.outage = outage or Outage("release waiting jobs")
         self._asked = Event()
         self._asked.set()  # the first look comes at start
+        self.held = 0  # waiters the last look passed over, their rows held elsewhere
 
     def wake(self) -> None:
         """A job others wait for has ended, or the wakeups came back: look now."""
@@ -66,8 +69,14 @@ class Waits:
             retry.succeeded()
             if released:
                 log.info("released %d waiting jobs", released)
+            if self.held:
+                # Nothing will notify when that transaction ends: look again soon.
+                stop.wait(HELD_AGAIN)
+                self._asked.set()
 
     def release(self) -> int:
-        """Release every waiting job whose jobs have ended; how many."""
+        """Release every waiting job whose jobs have ended; how many. Those
+        whose rows another transaction holds are left for a later look (held)."""
         with self.db.lock_bounded(LOCK_TIMEOUT_MS).transaction() as tx:
-            return tx.query_row(Q.job_release_waiters)[0]
+            released, self.held = tx.query_row(Q.job_release_waiters)
+        return released

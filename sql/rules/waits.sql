@@ -80,16 +80,19 @@ END $$;
 
 -- Release every waiting job whose jobs have ended (or were deleted): due at
 -- the run_at it was enqueued with, its queue woken; or ended as a skip naming
--- the first that ended other than ok. A waiter another worker is releasing
--- is passed over. How many were released or ended.
-CREATE OR REPLACE FUNCTION jobs_release_waiters() RETURNS int
+-- the first that ended other than ok. A waiter another worker is releasing is
+-- passed over, and so is one whose row another transaction holds (counted in
+-- held, for a later look): one held row never keeps the rest waiting. How many
+-- were released or ended, and how many were held.
+CREATE OR REPLACE FUNCTION jobs_release_waiters(OUT released int, OUT held int)
 LANGUAGE plpgsql AS $$
 DECLARE
   r record;
   waits_left int;
   woken text;
-  released int := 0;
 BEGIN
+  released := 0;
+  held := 0;
   FOR r IN
     SELECT w.dep, w.waiter, coalesce(d.status, 'deleted') AS dep_status, x.any_outcome, x.run_at
     FROM job_waits w
@@ -99,6 +102,11 @@ BEGIN
     ORDER BY w.waiter, w.dep
     FOR UPDATE OF x SKIP LOCKED
   LOOP
+    PERFORM FROM jobs j WHERE j.id = r.waiter FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND AND EXISTS (SELECT FROM jobs j WHERE j.id = r.waiter) THEN
+      held := held + 1;
+      CONTINUE;
+    END IF;
     DELETE FROM job_waits w WHERE w.dep = r.dep AND w.waiter = r.waiter;
     CONTINUE WHEN NOT FOUND;  -- its waiter ended at an earlier row
     IF NOT r.any_outcome AND NOT jobs_ended_ok(r.dep_status) THEN
@@ -120,5 +128,4 @@ BEGIN
       released := released + 1;
     END IF;
   END LOOP;
-  RETURN released;
 END $$;

@@ -147,3 +147,22 @@ def test_a_running_worker_starts_a_waiting_job_soon_after_its_last_job_ends(db):
     assert ended <= started
     # Within a wakeup's latency, not a fallback poll's (120 s).
     assert (started - ended).total_seconds() < 2.0
+
+
+def test_a_waiter_whose_row_another_transaction_holds_keeps_no_other_waiting(db, database_url):
+    a = make_poller("a", db, {"a.N": lambda job: "ok"})
+    dep = insert(db, "a", "a.N")
+    held_one, free_one = (insert(db, "b", "b.N", {"n": n}, after=[dep]) for n in (1, 2))
+    assert a.work_once() == "ok"
+    holder = psycopg2.connect(database_url)
+    try:
+        with holder.cursor() as cur:
+            cur.execute("SELECT 1 FROM jobs WHERE id = %s FOR UPDATE", (held_one,))
+        waits = Waits(db)
+        assert (waits.release(), waits.held) == (1, 1)
+        assert db.query_row("SELECT run_at < now() FROM jobs WHERE id = %s", (free_one,)) == (True,)
+    finally:
+        holder.rollback()
+        holder.close()
+    assert (waits.release(), waits.held) == (1, 0)
+    assert db.query_row("SELECT run_at < now() FROM jobs WHERE id = %s", (held_one,)) == (True,)
