@@ -105,6 +105,7 @@ def insert(
         "max_attempts": max_attempts,
         "callsite": callsite or _callsite(),
         "key": _key(key),
+        "trace": trace_context(),
     }
     waits_for = _after(after)
     if waits_for:
@@ -136,6 +137,7 @@ def insert_many(db: Any, jobs: Iterable[Job], *, callsite: str | None = None) ->
         "priorities": encode_json([j.priority for j in jobs]),
         "max_attempts": encode_json([j.max_attempts for j in jobs]),
         "keys": encode_json([_key(j.key) for j in jobs]),
+        "trace": trace_context(),
     }
     return [r[0] for r in _fetch(db, Q.job_insert_many, params, one=False)]
 
@@ -290,6 +292,29 @@ def _fetch(db: Any, sql: str, params: dict[str, Any], *, one: bool) -> list[Any]
         db.execute(sql, params)
         return db.fetchall()
     raise TypeError(f"cannot enqueue through a {type(db).__name__}: pass a DB, a connection or a cursor")
+
+
+def trace_context() -> str | None:
+    """The caller's trace context as JSON text ({"traceparent": ...}, what
+    OpenTelemetry's propagator writes), for the row; None when the caller
+    runs in no span. Read only where the program has loaded OpenTelemetry's
+    API (configuring a tracer provider loads it): anywhere else this imports
+    nothing and costs one dictionary lookup."""
+    trace = sys.modules.get("opentelemetry.trace")
+    if trace is None:
+        return None
+    try:
+        if not trace.get_current_span().get_span_context().is_valid:
+            return None
+        from opentelemetry import propagate
+
+        carrier: dict[str, str] = {}
+        propagate.inject(carrier)
+    except Exception:
+        # A fault of the tracing setup never refuses an enqueue: the job is
+        # written untraced.
+        return None
+    return encode_json(carrier) if carrier else None
 
 
 def _callsite() -> str:

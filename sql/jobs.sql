@@ -5,19 +5,21 @@
 -- name: job_insert
 -- Enqueue one job: jobs_insert (sql/rules/insert.sql), which sends the queue its NOTIFY itself; NULL when a unique index (dedupe) suppressed it.
 SELECT jobs_insert(%(queue)s::text, %(name)s::text, %(args)s::jsonb, %(callsite)s::text,
-                   %(run_at)s::timestamptz, %(priority)s::int, %(max_attempts)s::int, %(key)s::text)
+                   %(run_at)s::timestamptz, %(priority)s::int, %(max_attempts)s::int, %(key)s::text,
+                   %(trace)s::jsonb)
 
 -- name: job_insert_many
 -- Enqueue a list of jobs in one statement, each column a JSON array in the order given: jobs_insert_many (sql/rules/insert.sql); suppressed duplicates return no id.
 SELECT id FROM jobs_insert_many(%(callsite)s::text, %(queues)s::jsonb, %(names)s::jsonb, %(args)s::jsonb,
                                 %(run_ats)s::jsonb, %(priorities)s::jsonb, %(max_attempts)s::jsonb,
-                                %(keys)s::jsonb) AS id
+                                %(keys)s::jsonb, %(trace)s::jsonb) AS id
 
 -- name: job_insert_after
 -- Enqueue one job that waits for others (insert's after=): jobs_insert, then jobs_wait_for (sql/rules/waits.sql) in the same statement, so no worker sees the job before it waits; NULL when dedupe suppressed it.
 SELECT i.id
 FROM jobs_insert(%(queue)s::text, %(name)s::text, %(args)s::jsonb, %(callsite)s::text,
-                 %(run_at)s::timestamptz, %(priority)s::int, %(max_attempts)s::int, %(key)s::text) AS i(id),
+                 %(run_at)s::timestamptz, %(priority)s::int, %(max_attempts)s::int, %(key)s::text,
+                 %(trace)s::jsonb) AS i(id),
      jobs_wait_for(i.id, %(after)s::bigint[], %(any_outcome)s::boolean) AS w
 
 -- name: job_release_waiters
@@ -26,20 +28,20 @@ SELECT released, held FROM jobs_release_waiters()
 
 -- name: job_claim
 -- Claim the queue's next due job (or the one asked for) for one slot: a lone claim (jobs_step_one, sql/rules/step.sql), in job_claimed_by's columns. With nothing claimed, one row of NULLs whose wait says how long until the queue may have work.
-SELECT id, name, args, attempts, max_attempts, callsite, latency, wait, slot
+SELECT id, name, args, attempts, max_attempts, callsite, latency, wait, slot, trace
 FROM jobs_step_one(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
                    %(queue)s, %(slot)s, %(worker_id)s, %(lease)s, %(max_attempts)s, %(id)s)
 
 -- name: job_step_one
 -- A group commit of one ask (lib/run/steps.py): an outcome (o_ parameters, all NULL for none) and/or one slot's claim (c_ parameters, all NULL for none), in job_step's columns. jobs_step_one (sql/rules/step.sql).
-SELECT queue, worker_id, id, name, args, attempts, max_attempts, callsite, latency, wait, slot
+SELECT queue, worker_id, id, name, args, attempts, max_attempts, callsite, latency, wait, slot, trace
 FROM jobs_step_one(%(o_id)s, %(o_worker_id)s, %(o_attempts)s, %(o_status)s, %(o_retry_in)s, %(o_last_error)s,
                    %(o_last_traceback)s, %(o_delay)s, %(o_uncounted)s,
                    %(c_queue)s, %(c_slot)s, %(c_worker_id)s, %(c_lease)s, %(c_max_attempts)s, %(c_id)s)
 
 -- name: job_step
 -- One group commit of several asks (lib/run/steps.py): outcomes of any queues, then claims grouped by queue, in one round trip and one transaction: jobs_step (sql/rules/step.sql).
-SELECT queue, worker_id, id, name, args, attempts, max_attempts, callsite, latency, wait, slot
+SELECT queue, worker_id, id, name, args, attempts, max_attempts, callsite, latency, wait, slot, trace
 FROM jobs_step(%(o_id)s::bigint[], %(o_worker_id)s::text[], %(o_attempts)s::int[], %(o_status)s::text[],
                %(o_retry_in)s::float8[], %(o_last_error)s::text[], %(o_last_traceback)s::text[],
                %(o_delay)s::float8[], %(o_uncounted)s::int[],
@@ -54,7 +56,7 @@ FROM jobs j WHERE j.id = %(id)s AND j.worker_id = %(worker_id)s AND j.attempts =
 -- name: job_claimed_by
 -- The job a slot of this worker holds started, in job_claim's columns: what a claim whose reply was lost committed. Rows the worker already knows (runs, finalizes, gave up on) are passed over.
 SELECT id, name, args::text, attempts, max_attempts, callsite,
-       greatest(extract(EPOCH FROM started_at - run_at), 0)::float8, NULL::float8, slot
+       greatest(extract(EPOCH FROM started_at - run_at), 0)::float8, NULL::float8, slot, trace::text
 FROM jobs
 WHERE queue = %(queue)s AND slot = %(slot)s AND status = 'started' AND worker_id = %(worker_id)s
   AND NOT (id = ANY(%(known)s::bigint[]))

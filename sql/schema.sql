@@ -46,6 +46,7 @@ CREATE TABLE jobs (
   -- ends: its worker stops it, and a rescue ends it cancelled.
   cancel_requested text,
   waited_on boolean,  -- another job waits for this one (job_waits): its end tells the workers
+  trace jsonb,  -- the enqueuer's trace context (W3C traceparent), which the run's span links to
   CONSTRAINT jobs_run_at_finite CHECK (isfinite(run_at))
 );
 CREATE SEQUENCE jobs_claim_seq;

@@ -60,6 +60,9 @@ class PendingJob:
     # The results this run has read and stored, by step name: None until its
     # first step(), so a job that calls none costs no query.
     step_results: dict[str, Any] | None = field(default=None, init=False, repr=False, compare=False)
+    # The enqueuer's trace context as stored (JSON text; None: untraced), which
+    # the run's span links to (lib/run/traces.py).
+    trace: str | None = field(default=None, repr=False, compare=False)
 
     def then(
         self,

@@ -21,7 +21,7 @@ from lib.greenlets.deadline import Deadline
 from lib.job import Handler, PendingJob, Snooze
 from lib.job import status as st
 from lib.job.text import describe
-from lib.run import followups
+from lib.run import followups, traces
 from lib.run.budget import Budgets
 from lib.run.cancel import Cancels
 from lib.run.queue import Queue
@@ -244,11 +244,27 @@ class Executor:
         self._deadlines: dict[int, Deadline] = {}
         # The operator's cancel of each slot's job, thrown into its handler as the timeout is.
         self._cancels = Cancels(self._running, TIMEOUT_AGAIN_EVERY)
+        # OpenTelemetry's tracer when the program set one up: each run a span.
+        self.tracer = traces.tracer()
 
     def run(self, job: PendingJob, slot: int) -> Decision:
         """Run the job, and decide what its row stores, with the follow-ups
         its outcome writes (none for a cancelled job: an operator's cancel
         ends it with nothing after it). The worker's own kill goes on up."""
+        if self.tracer is None:
+            return self._decided(job, slot)
+        with traces.run_span(self.tracer, self.queue, job) as ended:
+            decision = self._decided(job, slot)
+            match decision:
+                case Outcome(status=status, error=error):
+                    ended(status, error)
+                case GiveBack():
+                    ended("given back", None)
+                case Abandon():
+                    ended("lease lost", None)
+        return decision
+
+    def _decided(self, job: PendingJob, slot: int) -> Decision:
         happened = self.execute(job, slot)
         decision = recorded(self.queue, job, happened, retry_base=self.retry_base)
         if job.followups and isinstance(decision, Outcome) and not isinstance(happened, Cancelled):

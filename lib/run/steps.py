@@ -323,7 +323,7 @@ class _Answers:
             if row[2] is None:
                 self.waits[row[0], row[1]] = row[2:]
             else:
-                self.claimed[row[0], row[1], row[-1]] = row[2:]
+                self.claimed[row[0], row[1], row[10]] = row[2:]
 
     def reply(self, ask: Ask) -> Reply:
         written = ask.outcome is not None and ask.outcome["id"] in self.written
@@ -623,13 +623,23 @@ def claimed(row: tuple[Any, ...] | None, step_store: StepStore | None = None) ->
     executor: a copy of every job would cost the jobs that keep none."""
     if row is None:
         return ClaimResult(None)
-    job_id, name, args_text, attempts, max_attempts, callsite, latency, wait, _slot = row
+    job_id, name, args_text, attempts, max_attempts, callsite, latency, wait, _slot, trace = row
     if job_id is None:
         return ClaimResult(None, wait)
     args, args_error = decode_args(args_text)
     claimed_at = time.monotonic()
     job = PendingJob(
-        job_id, name, args, attempts, max_attempts, callsite, latency, claimed_at, args_error, step_store=step_store
+        job_id,
+        name,
+        args,
+        attempts,
+        max_attempts,
+        callsite,
+        latency,
+        claimed_at,
+        args_error,
+        step_store=step_store,
+        trace=trace,
     )
     return ClaimResult(job)
 

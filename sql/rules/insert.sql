@@ -56,18 +56,20 @@ END $$;
 -- WHEN reads is set for this INSERT alone; a transaction-local setting any
 -- role may set (a custom setting in the function's SET clause needs a
 -- superuser to create the function).
+-- p_trace: the enqueuer's trace context (W3C traceparent, as OpenTelemetry's
+-- propagator writes it), which the run's span links to; NULL untraced.
 CREATE OR REPLACE FUNCTION jobs_insert(
   p_queue text, p_name text, p_args jsonb, p_callsite text, p_run_at timestamptz, p_priority int, p_max_attempts int,
-  p_key text
+  p_key text, p_trace jsonb
 ) RETURNS bigint
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
   written bigint;
 BEGIN
   PERFORM set_config('jobs.inserting_checked', 'on', true);
-  INSERT INTO jobs (queue, name, args, callsite, run_at, priority, max_attempts, key, dedupe)
+  INSERT INTO jobs (queue, name, args, callsite, run_at, priority, max_attempts, key, dedupe, trace)
   VALUES (p_queue, p_name, p_args, p_callsite, coalesce(p_run_at, now()), p_priority, p_max_attempts, p_key,
-          EXISTS (SELECT FROM job_dedupe_names d WHERE d.queue = p_queue AND d.name = p_name))
+          EXISTS (SELECT FROM job_dedupe_names d WHERE d.queue = p_queue AND d.name = p_name), p_trace)
   ON CONFLICT DO NOTHING
   RETURNING id INTO written;
   PERFORM set_config('jobs.inserting_checked', 'off', true);
@@ -81,17 +83,19 @@ END $$;
 
 -- Many jobs in one statement, each column a JSON array in the jobs' order
 -- (one value to send and parse per column, not one per job); the ids
--- written, in that order, a suppressed duplicate left out.
+-- written, in that order, a suppressed duplicate left out. One callsite and
+-- one trace context for them all: one caller wrote them.
 CREATE OR REPLACE FUNCTION jobs_insert_many(
   p_callsite text, p_queues jsonb, p_names jsonb, p_args jsonb, p_run_ats jsonb, p_priorities jsonb,
-  p_max_attempts jsonb, p_keys jsonb
+  p_max_attempts jsonb, p_keys jsonb, p_trace jsonb
 ) RETURNS SETOF bigint
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 BEGIN
   RETURN QUERY
-  INSERT INTO jobs (queue, name, args, callsite, run_at, priority, max_attempts, key, dedupe)
+  INSERT INTO jobs (queue, name, args, callsite, run_at, priority, max_attempts, key, dedupe, trace)
   SELECT j.queue, j.name, j.args, p_callsite, coalesce(j.run_at::timestamptz, now()), j.priority::int,
-         j.max_attempts::int, j.key, EXISTS (SELECT FROM job_dedupe_names d WHERE d.queue = j.queue AND d.name = j.name)
+         j.max_attempts::int, j.key, EXISTS (SELECT FROM job_dedupe_names d WHERE d.queue = j.queue AND d.name = j.name),
+         p_trace
   FROM ROWS FROM (jsonb_array_elements_text(p_queues), jsonb_array_elements_text(p_names),
                   jsonb_array_elements(p_args), jsonb_array_elements_text(p_run_ats),
                   jsonb_array_elements_text(p_priorities), jsonb_array_elements_text(p_max_attempts),
@@ -102,13 +106,29 @@ BEGIN
   RETURNING id;
 END $$;
 
--- The same two without a key, for programs that enqueue with a lib.insert
--- from before keys.
+-- The same two as lib.insert from before trace contexts, and from before
+-- keys, calls them: programs that enqueue with an older release's lib.insert.
+CREATE OR REPLACE FUNCTION jobs_insert(
+  p_queue text, p_name text, p_args jsonb, p_callsite text, p_run_at timestamptz, p_priority int, p_max_attempts int,
+  p_key text
+) RETURNS bigint
+LANGUAGE sql AS $$
+  SELECT jobs_insert(p_queue, p_name, p_args, p_callsite, p_run_at, p_priority, p_max_attempts, p_key, NULL)
+$$;
+
 CREATE OR REPLACE FUNCTION jobs_insert(
   p_queue text, p_name text, p_args jsonb, p_callsite text, p_run_at timestamptz, p_priority int, p_max_attempts int
 ) RETURNS bigint
 LANGUAGE sql AS $$
-  SELECT jobs_insert(p_queue, p_name, p_args, p_callsite, p_run_at, p_priority, p_max_attempts, NULL)
+  SELECT jobs_insert(p_queue, p_name, p_args, p_callsite, p_run_at, p_priority, p_max_attempts, NULL, NULL)
+$$;
+
+CREATE OR REPLACE FUNCTION jobs_insert_many(
+  p_callsite text, p_queues jsonb, p_names jsonb, p_args jsonb, p_run_ats jsonb, p_priorities jsonb,
+  p_max_attempts jsonb, p_keys jsonb
+) RETURNS SETOF bigint
+LANGUAGE sql AS $$
+  SELECT jobs_insert_many(p_callsite, p_queues, p_names, p_args, p_run_ats, p_priorities, p_max_attempts, p_keys, NULL)
 $$;
 
 CREATE OR REPLACE FUNCTION jobs_insert_many(
@@ -117,5 +137,5 @@ CREATE OR REPLACE FUNCTION jobs_insert_many(
 ) RETURNS SETOF bigint
 LANGUAGE sql AS $$
   SELECT jobs_insert_many(p_callsite, p_queues, p_names, p_args, p_run_ats, p_priorities, p_max_attempts,
-                          (SELECT jsonb_agg(NULL::text) FROM jsonb_array_elements(p_queues)))
+                          (SELECT jsonb_agg(NULL::text) FROM jsonb_array_elements(p_queues)), NULL)
 $$;

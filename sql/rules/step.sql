@@ -47,12 +47,17 @@
 -- since the rate's row is locked only when there is a job to take from it.
 -- Every statement after the queue's turn starts after the lock, so its
 -- snapshot holds what committed before it.
-CREATE OR REPLACE FUNCTION jobs_step_one(
+-- A claim's row carries the job's trace context (its run's span links to
+-- it): a column a release before trace contexts did not return, which only
+-- a new function can add (those releases name the columns they read).
+DROP FUNCTION IF EXISTS jobs_step_one(bigint, text, int, text, float8, text, text, float8, int,
+                                      text, int, text, float8, int, bigint);
+CREATE FUNCTION jobs_step_one(
   o_id bigint, o_worker text, o_attempts int, o_status text, o_retry_in float8,
   o_last_error text, o_traceback text, o_delay float8, o_uncounted int,
   c_queue text, c_slot int, c_worker text, c_lease float8, c_max_attempts int, c_id bigint
 ) RETURNS TABLE (queue text, worker_id text, id bigint, name text, args text, attempts int, max_attempts int,
-                 callsite text, latency float8, wait float8, slot int)
+                 callsite text, latency float8, wait float8, slot int, trace text)
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
@@ -166,8 +171,8 @@ BEGIN
                 WHERE k.id = (SELECT d.id FROM jobs_due(c_queue, coalesce(head, c_id), 1) d) AND k.status = 'pending'
                 FOR UPDATE SKIP LOCKED)
   RETURNING j.id, j.name, j.args::text, j.attempts, j.max_attempts, j.callsite,
-            greatest(extract(EPOCH FROM now() - j.run_at), 0)
-  INTO id, name, args, attempts, max_attempts, callsite, latency;
+            greatest(extract(EPOCH FROM now() - j.run_at), 0), j.trace::text
+  INTO id, name, args, attempts, max_attempts, callsite, latency, trace;
   IF FOUND THEN
     slot := c_slot;
     IF rate_key IS NOT NULL THEN
@@ -210,12 +215,14 @@ $$;
 -- which the planner takes for a few values each looked up by the primary
 -- key: their count is only known when the step runs, and a join estimated
 -- from a long queue's backlog is planned as a scan of the whole table.
-CREATE OR REPLACE FUNCTION jobs_step(
+DROP FUNCTION IF EXISTS jobs_step(bigint[], text[], int[], text[], float8[], text[], text[], float8[], int[],
+                                  text[], int[], text[], float8[], int[], bigint[]);
+CREATE FUNCTION jobs_step(
   o_ids bigint[], o_workers text[], o_attempts int[], o_statuses text[], o_retry_ins float8[],
   o_last_errors text[], o_tracebacks text[], o_delays float8[], o_uncounted int[],
   c_queues text[], c_slots int[], c_workers text[], c_leases float8[], c_max_attempts int[], c_ids bigint[]
 ) RETURNS TABLE (queue text, worker_id text, id bigint, name text, args text, attempts int, max_attempts int,
-                 callsite text, latency float8, wait float8, slot int)
+                 callsite text, latency float8, wait float8, slot int, trace text)
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
@@ -291,11 +298,11 @@ BEGIN
         AND jobs_outcome_current(j.worker_id, j.attempts, j.status, o.worker_id, o.attempts, o.status)
     )
     SELECT NULL::text, NULL::text, done.id, NULL::text, NULL::text, NULL::int, NULL::int, NULL::text,
-           NULL::float8, NULL::float8, NULL::int
+           NULL::float8, NULL::float8, NULL::int, NULL::text
     FROM done
     UNION ALL
     SELECT NULL::text, NULL::text, waiting.id, NULL::text, NULL::text, NULL::int, NULL::int, NULL::text,
-           NULL::float8, 0.05::float8, NULL::int
+           NULL::float8, 0.05::float8, NULL::int, NULL::text
     FROM waiting;
   END IF;
   IF cardinality(c_queues) = 0 THEN
@@ -383,7 +390,7 @@ BEGIN
     WHERE j.id = p.id
     -- args as text: decoded by the worker, which can end a row whose args it cannot read.
     RETURNING p.q, p.w, j.id, j.name, j.args::text, j.attempts, j.max_attempts, j.callsite,
-              greatest(extract(EPOCH FROM now() - j.run_at), 0)::float8, NULL::float8, p.free[p.n]
+              greatest(extract(EPOCH FROM now() - j.run_at), 0)::float8, NULL::float8, p.free[p.n], j.trace::text
   ),
   woken AS (
     -- A queue that claimed is awake: its enqueues notify no more, until a
@@ -406,7 +413,7 @@ BEGIN
            ELSE (SELECT CASE WHEN g.i IS NULL THEN jobs_asleep_wait(g.q, nd.wait) ELSE nd.wait END
                  FROM jobs_next_due_wait(g.q) nd)
          END,
-         NULL::int
+         NULL::int, NULL::text
   FROM grp g
   WHERE NOT EXISTS (SELECT 1 FROM claimed c WHERE c.q = g.q AND c.w = g.w);
 END

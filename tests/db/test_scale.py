@@ -32,7 +32,7 @@ def test_slots_above_the_concurrency_set_claim_nothing(db):
     assert [row[2] for row in rows if row[2] is not None] == []
     scale(db, "s", None, "test")  # back to the definition's 4
     rows = db.query(*batch_step([Ask(None, p.steps.params(None, slot)) for slot in range(4)]))
-    assert sorted(row[-1] for row in rows if row[2] is not None) == [2, 3]
+    assert sorted(row[10] for row in rows if row[2] is not None) == [2, 3]
     assert db.query_row("SELECT scaled_to, scaled_by FROM job_queues WHERE queue = 's'") == (None, "test")
 
 

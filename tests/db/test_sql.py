@@ -83,7 +83,7 @@ def _answers(db: DB) -> tuple[list, list[str]]:
         answers.append(tx.exec(Q.queue_resume, {"queue": "cmp", "prefix": "auth: "}))
         answers.append(tx.exec(Q.queue_resume, {"queue": "cmp", "prefix": None}))
         insert = {"queue": "cmp", "name": "cmp.N", "args": '{"a": [1, "x"]}', "callsite": "here:1"}
-        fields = {"run_at": None, "priority": 3, "max_attempts": None, "key": "cmp:1"}
+        fields = {"run_at": None, "priority": 3, "max_attempts": None, "key": "cmp:1", "trace": None}
         (job_id,) = tx.query_row(Q.job_insert, {**insert, **fields})
         claim = {"queue": "cmp", "id": None, "slot": 0, "worker_id": "w", "lease": 30.0, "max_attempts": 2}
         claimed = tx.query_row(Q.job_claim, claim)
