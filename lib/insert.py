@@ -277,21 +277,84 @@ def _key(key: Any) -> str | None:
     return None if key is None else check_name("key", key)
 
 
+# SQLAlchemy's drivers that take our "%(name)s" SQL as it is written.
+_SQLALCHEMY_DRIVERS = ("psycopg2", "psycopg")
+# What running our SQL in a database without the jobs schema fails with:
+# undefined_function (jobs_insert), undefined_table.
+_NO_JOBS_TABLE = ("42883", "42P01")
+
+
 def _fetch(db: Any, sql: str, params: dict[str, Any], *, one: bool) -> list[Any]:
-    """Run sql on whichever kind of handle the caller gave."""
-    if hasattr(db, "query_row"):  # the project's DB or Tx
-        if one:
-            row = db.query_row(sql, params)
-            return [row] if row else []
-        return db.query(sql, params)
-    if hasattr(db, "cursor"):  # a psycopg2 or psycopg 3 connection
-        with db.cursor() as cur:
-            cur.execute(sql, params)
-            return cur.fetchall()
-    if hasattr(db, "execute") and hasattr(db, "fetchall"):  # a cursor
-        db.execute(sql, params)
-        return db.fetchall()
-    raise TypeError(f"cannot enqueue through a {type(db).__name__}: pass a DB, a connection or a cursor")
+    """Run sql on whichever kind of handle the caller gave, in its transaction
+    (a SQLAlchemy Session's is joined, or begun as its next flush would);
+    never commits. A handle insert cannot write through is a TypeError and
+    nothing is run. In a database without the jobs table (a Session bound to
+    the application's own database) the statement fails, and so does the
+    caller's transaction, as after any failed statement: a RuntimeError
+    saying so, raised from the driver's error."""
+    try:
+        if hasattr(db, "query_row"):  # the project's DB or Tx
+            if one:
+                row = db.query_row(sql, params)
+                return [row] if row else []
+            return db.query(sql, params)
+        if (connection := _sqlalchemy_connection(db)) is not None:
+            # exec_driver_sql hands sql and params to the driver as they are,
+            # through SQLAlchemy's events and logging.
+            return connection.exec_driver_sql(sql, params).fetchall()
+        if hasattr(db, "cursor"):  # a psycopg2 or psycopg 3 connection
+            with db.cursor() as cur:
+                cur.execute(sql, params)
+                return cur.fetchall()
+        if hasattr(db, "execute") and hasattr(db, "fetchall"):  # a cursor
+            db.execute(sql, params)
+            return db.fetchall()
+    except Exception as exc:
+        cause = getattr(exc, "orig", None) or exc  # SQLAlchemy wraps the driver's error
+        if (getattr(cause, "pgcode", None) or getattr(cause, "sqlstate", None)) in _NO_JOBS_TABLE:
+            reason = str(cause).splitlines()[0]
+            raise RuntimeError(
+                f"this database has no jobs table ({reason}): is the {type(db).__name__} bound to the worker's"
+                " database, migrated by the worker? Its transaction is failed: roll it back"
+            ) from exc
+        raise
+    raise TypeError(
+        f"cannot enqueue through a {type(db).__name__}: pass a DB, a connection or a cursor,"
+        " or a SQLAlchemy Session or Connection"
+    )
+
+
+def _sqlalchemy_connection(db: Any) -> Any:
+    """The SQLAlchemy Connection to run on: db itself, or a Session's (as
+    session.connection() gives it); None when db is not SQLAlchemy's. Known
+    by its classes' module, since this module never imports SQLAlchemy; a
+    subclass (Flask-SQLAlchemy's Session) counts."""
+    modules = [t.__module__ for t in type(db).__mro__ if t.__module__.startswith("sqlalchemy.")]
+    if not modules:
+        return None
+    supported = "a Session or Connection of an engine on postgresql+psycopg2:// or postgresql+psycopg://"
+    if any(m.startswith("sqlalchemy.ext.asyncio") for m in modules):
+        raise TypeError(f"cannot enqueue through an async {type(db).__name__}: insert is synchronous; pass {supported}")
+    if hasattr(db, "exec_driver_sql"):  # a Connection
+        bind = db
+    elif hasattr(db, "get_bind"):  # a Session or scoped_session
+        try:
+            bind = db.get_bind()
+        except Exception as exc:
+            if type(exc).__name__ != "UnboundExecutionError":
+                raise
+            raise TypeError(f"cannot enqueue through a {type(db).__name__} with no bind: pass {supported}") from exc
+    else:  # an Engine: no transaction of the caller's to write in
+        raise TypeError(
+            f"cannot enqueue through a SQLAlchemy {type(db).__name__}, outside any transaction: pass {supported}"
+        )
+    dialect = bind.dialect
+    if dialect.name != "postgresql" or dialect.driver not in _SQLALCHEMY_DRIVERS or dialect.is_async:
+        on = f"{dialect.name}+{dialect.driver}{' (async)' if dialect.is_async else ''}"
+        raise TypeError(
+            f"cannot enqueue through a {type(db).__name__} on {on}: the jobs table is PostgreSQL's; pass {supported}"
+        )
+    return db if bind is db else db.connection()
 
 
 def trace_context() -> str | None:
