@@ -8,6 +8,7 @@ an import that runs late or only for a type checker still counts.
     lib.store, lib.clients         psycopg2 and the named queries; API clients
     lib.background, lib.run        rescue, clock, registry; the poller pipeline
     lib.operate, lib.http          operator commands; HTTP endpoints
+    lib.adapters                   frameworks' own ways to enqueue and run (Django tasks)
     lib.insert                     what applications import: lib.store.sql only
 
 Each layer's allowed set is as tight as the code allows: an import the
@@ -48,6 +49,9 @@ ALLOWED: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     "lib.operate": (frozenset({"lib.job", "lib.setup", "lib.store", "lib.insert", "lib.background"}), frozenset()),
     "lib.http": (frozenset({"lib.job", "lib.setup", "lib.store", "lib.operate"}), frozenset({"gevent"})),
     "lib.insert": (frozenset(), frozenset()),  # and lib.store.sql alone: INSERT_IMPORTS
+    # The web process imports the backends: engine packages never, the pool
+    # never (lib.store.sql is lib.insert's own); the worker's side, queue definitions.
+    "lib.adapters": (frozenset({"lib.job", "lib.insert", "lib.run", "lib.store"}), frozenset()),
 }
 
 # The intended order, for the names of what each layer sits above: a module
@@ -64,6 +68,7 @@ RANK = {
     "lib.run": 3,
     "lib.operate": 4,
     "lib.http": 4,
+    "lib.adapters": 4,
 }
 
 # lib.insert runs in programs without gevent: these modules, and nothing else of lib.
@@ -204,11 +209,11 @@ def test_the_handler_api_imports_nothing_of_the_engine():
     assert bad == [], "\n".join(bad)
 
 
-def test_insert_and_all_it_imports_stay_free_of_gevent_and_the_pool():
-    """An application without gevent imports lib.insert: every module of lib
-    it reaches (its packages' __init__ too) imports no engine package."""
+def reached_from(start: str) -> set[str]:
+    """Every module of lib that importing start imports (their packages'
+    __init__ too); AssertionError naming the line when one imports an engine package."""
     reached: set[str] = set()
-    todo = ["lib.insert"]
+    todo = [start]
     while todo:
         module = todo.pop()
         if module in reached:
@@ -220,7 +225,21 @@ def test_insert_and_all_it_imports_stay_free_of_gevent_and_the_pool():
         path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
         for imp in imports_of(path):
             top = imp.module.split(".")[0]
-            assert top not in ENGINE, f"{imp.file}:{imp.line} imports {imp.module}, and lib.insert reaches it"
+            assert top not in ENGINE, f"{imp.file}:{imp.line} imports {imp.module}, and {start} reaches it"
             if top == "lib":
                 todo.append(imp.module)
-    assert reached == {"lib", "lib.insert", "lib.store", "lib.store.sql"}
+    return reached
+
+
+def test_insert_and_all_it_imports_stay_free_of_gevent_and_the_pool():
+    """An application without gevent imports lib.insert: every module of lib
+    it reaches (its packages' __init__ too) imports no engine package."""
+    assert reached_from("lib.insert") == {"lib", "lib.insert", "lib.store", "lib.store.sql"}
+
+
+def test_the_django_backend_reaches_nothing_of_lib_but_insert():
+    """A Django web process imports the tasks backend: it reaches lib.insert
+    and what lib.insert does, and no engine package."""
+    assert reached_from("lib.adapters.django_tasks") == {
+        "lib", "lib.adapters", "lib.adapters.django_tasks", "lib.insert", "lib.store", "lib.store.sql",
+    }  # fmt: skip
