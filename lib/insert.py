@@ -81,8 +81,10 @@ def insert(
 ) -> int | None:
     """Write one job; its id, or None when a unique (dedupe) index suppressed it.
 
-    db is the project's DB (or a transaction of it), a psycopg2 connection or
-    cursor, or a psycopg 3 connection or cursor. args is a mapping or a
+    db is the project's DB (or a transaction of it), a psycopg2 or psycopg 3
+    connection or cursor, or a SQLAlchemy Session or Connection (written in
+    its transaction). Inside an OpenTelemetry span, the row keeps the span's
+    context for the run's span to link to (trace_context). args is a mapping or a
     dataclass instance; enqueue only the keys you set, since args is part of
     the dedupe key. max_attempts None means the queue's own setting. callsite
     names the writer in the row; None: the caller's file:line (a command that
