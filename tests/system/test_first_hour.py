@@ -322,17 +322,22 @@ def test_following_the_readme_again_registers_its_queue_once(tmp_path, database_
 def test_a_plain_install_brings_lib_and_its_sql_files_without_gevent(db, database_url, project, tmp_path):
     """`pip install CHECKOUT` (no -e) into an application's fresh virtualenv:
     lib.insert imports from the virtualenv's own copy, with the sql/ files it
-    reads, once the checkout is gone; gevent was not installed."""
+    reads, once the checkout is gone; it installed nothing else (no gevent),
+    and the Django backend and its query came with it."""
     app_python = make_app_venv(tmp_path / "app-venv")
     pip(app_python, "install", str(project))
     shutil.rmtree(project)
     code = (
-        "import importlib.util, sys\n"
+        "import importlib.metadata, importlib.util, sys\n"
         "import psycopg2\n"
         "import lib.insert\n"
         "from lib.insert import insert\n"
+        "from lib.store.sql import Q\n"
         "assert lib.insert.__file__.startswith(sys.prefix), lib.insert.__file__\n"
         "assert importlib.util.find_spec('gevent') is None, 'gevent is installed'\n"
+        "assert importlib.metadata.requires('jobs') is None, importlib.metadata.requires('jobs')\n"
+        "assert importlib.util.find_spec('lib.adapters.django_tasks') is not None\n"
+        "assert Q.job_task_result\n"
         "conn = psycopg2.connect(sys.argv[1])\n"
         "with conn, conn.cursor() as cur:\n"
         f"    print(insert(cur, {QUEUE!r}, {QUEUE + '.Greet'!r}, {{'name': 'Ada'}}))\n"
