@@ -39,7 +39,9 @@ from tests.tests_support import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 # Not part of the project a newcomer copies: their own data, environment, history and builds.
-NOT_COPIED = shutil.ignore_patterns(".venv", ".pgdata", ".git", "__pycache__", ".ci", "build", "*.egg-info")
+# Every virtualenv (.venv, CI's .venv313, the benchmarks' .venv-peers): a
+# person's checkout has none of them, and each is hundreds of MB to copy.
+NOT_COPIED = shutil.ignore_patterns(".venv*", ".pgdata", ".git", "__pycache__", ".ci", "build", "*.egg-info")
 
 
 def readme_blocks(heading: str, lang: str = "python") -> list[str]:
