@@ -1,5 +1,5 @@
 """A rate holds across worker processes: real workers (tests/apps/rate_worker.py)
-on queues at Rate(10, per=1, burst=5) and 200 no-op jobs. In every window of
+on queues at Rate(10, per=1, burst=5) and 120 no-op jobs. In every window of
 one second at most 15 jobs start (the burst and a second's rate), and after
 the first burst the jobs start at 10 a second, within 10%: with 3 processes,
 with 1, and for two queues that share one key, together. The start times are
@@ -18,7 +18,7 @@ from lib.insert import Job, insert_many
 from lib.store.db import DB
 
 APP = ROOT / "tests" / "apps" / "rate_worker.py"
-JOBS = 200
+JOBS = 120
 BURST, PER_SECOND = 5, 10
 
 
