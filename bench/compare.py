@@ -360,7 +360,7 @@ WORKLOADS = {
     "4": "commit-to-start latency, one job a commit",
     "5": f"enqueue, one per transaction, then in batches of {ENQUEUE_BATCH}",
     "6": f"an idle {MANY_QUEUES}-queue worker",
-    "7": f"{compare_sharing.CLIENTS} enqueuers at once, one job a transaction each, no worker",
+    "7": f"{compare_sharing.CLIENTS} enqueuers at once, one job a transaction each",
     "horizon": f"{MANY_QUEUES} queues, one at a time each, clean and with a transaction id held open",
 }
 NO_WORKER = Setting("no worker")
@@ -749,7 +749,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--seconds", type=float, help="workload 7's window (default 10; quick 3)")
     parser.add_argument(
-        "--concurrencies", default="16,32,64,128,256", help="workload 2's sweep for ours (default %(default)s)"
+        "--concurrencies", default="16,32,64,128,256,512,1024", help="workload 2's sweep for ours (default %(default)s)"
     )
     parser.add_argument("--sweep", action="store_true", help="workloads 1 and 3: every listed setting of each peer")
     parser.add_argument("--samples", type=int, help="workload 4's jobs (default 200; quick 50)")

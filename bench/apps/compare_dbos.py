@@ -68,7 +68,7 @@ def launch(url: str, executor: str, listen: list[str] | None, threads: int | Non
         "sys_db_pool_size": max(20, (threads or 0) + 10),
     }
     if threads:
-        config["max_executor_threads"] = threads  # type: ignore[typeddict-unknown-key]
+        config["max_executor_threads"] = threads
     DBOS(config=config)
     if listen is not None:
         DBOS.listen_queues(listen)
