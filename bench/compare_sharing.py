@@ -24,7 +24,7 @@ import statistics
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -175,7 +175,7 @@ def horizon_summary(pairs: list[tuple[Any, Any]]) -> Horizon:
     )
 
 
-def print_notes(result: dict[str, Any], names: list[str], make_side: Any) -> None:
+def print_notes(result: dict[str, Any], names: list[str], make_side: Callable[[str, str], Side]) -> None:
     """Under compare.py's table: what a side cannot do, the plain INSERT
     beside each side's enqueuers, and the held horizon round by round."""
     for name in names:
