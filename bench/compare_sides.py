@@ -235,7 +235,7 @@ class Dbos(Peer):
         " count(*) FILTER (WHERE status = 'SUCCESS') FROM dbos.workflow_status WHERE name = 'bench_noop'"
     )
     settings: str = (
-        "DBOS.launch over the scratch database as its system database (schema dbos, its pool 20 or more);"
+        "DBOS.launch over the scratch database as its system database (schema dbos, its pool 20 to 50);"
         " a queue per benchmark queue (DBOS.register_queue) at worker_concurrency C, polled every"
         " polling_interval_sec P (no wake on enqueue: its queues only poll), a thread a running workflow;"
         " a job a no-op @DBOS.workflow; logging WARNING; enqueue: queue.enqueue, one workflow a call"

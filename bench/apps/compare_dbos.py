@@ -50,6 +50,7 @@ STARTS = Starts()
 APP_NAME = "jobs-bench"
 # Its documented default; compare.py passes the run's value.
 DEFAULT_POLL = 1.0
+POOL_MOST = 50
 
 
 @DBOS.workflow(name="bench_noop")
@@ -64,8 +65,10 @@ def launch(url: str, executor: str, listen: list[str] | None, threads: int | Non
         "system_database_url": url,
         "executor_id": executor,
         "log_level": "WARNING",
-        # Its pool: a connection per queue thread's poll and one per running workflow's writes.
-        "sys_db_pool_size": max(20, (threads or 0) + 10),
+        # Its pool: a connection per queue thread's poll and one per running
+        # workflow's writes, within the server's 100 connections (the
+        # benchmark's own and a held transaction's beside it).
+        "sys_db_pool_size": min(POOL_MOST, max(20, (threads or 0) + 10)),
     }
     if threads:
         config["max_executor_threads"] = threads
