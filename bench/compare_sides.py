@@ -236,7 +236,7 @@ class Dbos(Peer):
     )
     settings: str = (
         "DBOS.launch over the scratch database as its system database (schema dbos, its pool 20 to 50);"
-        " a queue per benchmark queue (DBOS.register_queue) at worker_concurrency C, polled every"
+        " a queue per benchmark queue (DBOSClient.register_queue) at worker_concurrency C, polled every"
         " polling_interval_sec P (no wake on enqueue: its queues only poll), a thread a running workflow;"
         " a job a no-op @DBOS.workflow; logging WARNING; enqueue: queue.enqueue, one workflow a call"
         " (no batch API)"
