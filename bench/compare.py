@@ -1,15 +1,16 @@
-"""This project's worker against oban, chancy, PGQueuer and procrastinate, on
-the same workloads, in one run, on one server, each side at its own best.
+"""This project's worker against oban, chancy, PGQueuer, procrastinate and
+DBOS, on the same workloads, in one run, on one server, each side at its own
+best.
 
 Run from the project root (the peers' virtualenv, .venv-peers, is built from
 bench/requirements.txt when missing: oban needs Python >= 3.12):
 
-    .venv/bin/python bench/compare.py [--quick] [--jobs N] [--only SIDE ...] [--workloads 1,2,...] [--sweep]
+    .venv/bin/python bench/compare.py [--quick] [--jobs N] [--only SIDE ...] [--workloads 1,2,...,horizon] [--sweep]
 
 Each side runs as its own processes (bench/apps/compare_*.py): a worker
 process working until SIGTERM, and separate enqueue processes. Ours is the
 real worker.main with no-op queues; the peers run their own workers, each at
-its best settings for the workload (the Side classes below; bench/README.md).
+its best settings for the workload (bench/compare_sides.py; bench/README.md).
 Every measurement gets a fresh database on the server (DATABASE_URL, else the
 embedded one); the server's single-client commit rate (pgbench) and the
 disk's fdatasync rate (pg_test_fsync) are measured in the same run.
@@ -28,9 +29,18 @@ once a round and going first in turn, the median reported:
   4. commit-to-start latency while idle: another process enqueues one job per
      commit, with a pause between;
   5. enqueue: one job per transaction, and batches of 1,000;
-  6. an idle 40-queue worker: transactions a minute, connections, RSS.
+  6. an idle 40-queue worker: transactions a minute, connections, RSS;
+  7. 16 enqueue processes at once for --seconds, beside the same 16 clients'
+     one-row INSERT into a plain table (bench/compare_sharing.py);
+  horizon. workload 3 clean and with a transaction id held open on another
+     connection, each round; held over clean (bench/compare_sharing.py).
 Workloads 1 and 3 run each peer at concurrency 1 a queue (the workload) and
 its other knobs as a recorded sweep found (RECORDED); --sweep runs them all.
+
+Over 400 lines: a workload's measurement, its rounds and the one table that
+sets every side's results side by side are one concern, read together; the
+sides themselves are in bench/compare_sides.py and the workloads of a shared
+database in bench/compare_sharing.py.
 """
 
 from __future__ import annotations
@@ -54,8 +64,22 @@ import psycopg2.extensions
 # Run as a script, sys.path[0] is bench/; lib/ lives at the project root.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import harness, step_cost
-from bench.harness import (
+# Run as a script, this module is also bench.compare, so that the modules
+# that import it (bench/enqueue_concurrency.py, bench/held_horizon.py) share it.
+sys.modules.setdefault("bench.compare", sys.modules[__name__])
+
+from bench import compare_sharing, harness, step_cost  # noqa: E402
+from bench.compare_sides import (  # noqa: E402
+    PEERS,
+    RECORDED,
+    SIDES,
+    SWEEP_COMMAND,
+    Setting,
+    Side,
+    concurrency,
+    make_side,
+)
+from bench.harness import (  # noqa: E402
     ROOT,
     CommitRate,
     ConnectionSampler,
@@ -73,15 +97,10 @@ from bench.harness import (
     worker,
 )
 
-APPS = ROOT / "bench" / "apps"
-SIDES = ("ours", "oban", "chancy", "pgqueuer", "procrastinate")
-PEERS = SIDES[1:]
 # The peers' own virtualenv (oban needs Python >= 3.12; the project's may be older).
 PEER_VENV = ROOT / ".venv-peers"
 MANY_QUEUES = 40
 ENQUEUE_BATCH = 1000
-# Settings that would change what our worker does; the comparison runs its defaults.
-UNSET = ("JOBS_LEASE_SECONDS", "SENTRY_DSN", "JOBS_ADMIN_TOKEN")
 READY_TIMEOUT = 60.0
 READY_SETTLE = 2.0  # seconds after the worker's first connection before producing
 RECORDED_TIMEOUT = 15.0  # from the last handler start to its outcome in the table
@@ -89,213 +108,6 @@ RECORDED_TIMEOUT = 15.0  # from the last handler start to its outcome in the tab
 # (each about 1 s); three rounds.
 STEP_ALONE = {"1": ("jobs_step_one", 2000), "2": ("jobs_step (256 slots a batch), a job", 25_600)}
 STEP_ALONE_ROUNDS = 3
-
-
-# ---------------------------------------------------------------- the sides
-
-
-@dataclass(frozen=True)
-class Setting:
-    """One way to run a side's worker: as the output names it, and the
-    options its worker app takes for it."""
-
-    label: str
-    args: tuple[str, ...] = ()
-
-
-def concurrency(n: int, label: str = "c={n}", *more: str) -> Setting:
-    return Setting(label.format(n=n), ("--concurrency", str(n), *more))
-
-
-def one_each(label: str, option: str, values: tuple[int, ...]) -> tuple[Setting, ...]:
-    """Concurrency 1 with each of an option's values: one_each("pool {v}", "--pool", (41, 10))."""
-    return tuple(concurrency(1, label.format(v=v), option, str(v)) for v in values)
-
-
-# Each side's settings for workloads 1 (one queue, one at a time), 2 (one
-# queue, as fast as it goes: the sweep every run runs) and 3 (40 queues, one
-# at a time each). Concurrency 1 is what workloads 1 and 3 are; their other
-# knobs were chosen by a recorded sweep (RECORDED), the first is the one a
-# run uses unless --sweep runs them all.
-@dataclass(frozen=True)
-class Side:
-    """How the benchmark drives one library: its processes, its settings,
-    and the SQL that reads its own tables. Ours by default; the peers override."""
-
-    name: str = "ours"
-    migrated: bool = True  # the scratch database gets our migrations
-    # The interpreter of the side's processes: ours runs in the project's
-    # virtualenv; the peers in theirs (--peer-python).
-    python: str = sys.executable
-    app: str = "compare_ours_worker.py"
-    enqueue_app: str = "compare_ours_enqueue.py"
-    command: tuple[str, ...] = ()  # the worker app's subcommand
-    # The first handler start and the last outcome as the database records them, and the jobs done.
-    span_sql: str = (
-        "SELECT extract(epoch FROM min(started_at)), extract(epoch FROM max(finished_at)),"
-        " count(*) FILTER (WHERE status = 'ok') FROM jobs"
-    )
-    settings: str = (
-        "worker.main (a real worker process), one Poller per queue at concurrency C (1 for 40 queues),"
-        " every other option at its default (LISTEN/NOTIFY wakes, 120 s fallback poll);"
-        " JOBS_HTTP_ADDR=off, LOG_LEVEL=WARNING; enqueue: lib.insert (psycopg2)"
-    )
-    serial: tuple[Setting, ...] = (concurrency(1),)
-    fastest: tuple[Setting, ...] = ()  # ours: --concurrencies
-    many: tuple[Setting, ...] = (concurrency(1, "c=1 each"),)
-
-    def install(self, url: str) -> None:
-        """Our schema comes with the scratch database (its migrations)."""
-
-    def worker_command(self, url: str, queues: list[str], setting: Setting) -> list[str]:
-        return [
-            self.python,
-            str(APPS / self.app),
-            *self.command,
-            "--url",
-            url,
-            "--queues",
-            _queues(queues),
-            *setting.args,
-        ]
-
-    def worker_env(self, url: str) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if k not in UNSET}
-        # No HTTP endpoints (several workers may run on this machine), and no
-        # per-job INFO line, which would cost more than a no-op job.
-        env.update(DATABASE_URL=url, JOBS_HTTP_ADDR="off", LOG_LEVEL="WARNING")
-        return env
-
-    def enqueue_command(self, mode: str, url: str, queues: list[str], jobs: int, batch: int = 1) -> list[str]:
-        command = [
-            self.python,
-            str(APPS / (self.enqueue_app or self.app)),
-            mode,
-            "--url",
-            url,
-            "--queues",
-            _queues(queues),
-        ]
-        return [*command, "--jobs", str(jobs), "--batch", str(batch)]
-
-
-def _queues(names: list[str]) -> str:
-    return ",".join(names)
-
-
-@dataclass(frozen=True)
-class Peer(Side):
-    """A peer's one app (bench/apps/compare_<name>.py): install, work, enqueue."""
-
-    migrated: bool = False
-    command: tuple[str, ...] = ("work",)
-    enqueue_app: str = ""  # the app itself
-
-    def install(self, url: str) -> None:
-        subprocess.run([self.python, str(APPS / self.app), "install", "--url", url], check=True)
-
-
-@dataclass(frozen=True)
-class Oban(Peer):
-    name: str = "oban"
-    app: str = "compare_oban.py"
-    span_sql: str = (
-        "SELECT extract(epoch FROM min(attempted_at)), extract(epoch FROM max(completed_at)),"
-        " count(*) FILTER (WHERE state = 'completed') FROM oban_jobs"
-    )
-    settings: str = (
-        "Oban as `oban start` runs it (uvloop, psycopg pool, default 10), each queue at limit C;"
-        " insert NOTIFY wakes a queue, a job's end wakes it to ack and fetch (5 ms debounce), stager's 1 s"
-        " poll the fallback; leadership, pruner, lifeline at defaults, metrics off (default); logging WARNING;"
-        " enqueue: Oban.enqueue / enqueue_many"
-    )
-    fastest: tuple[Setting, ...] = tuple(concurrency(n, "limit {n}") for n in (10, 50, 100))
-    many: tuple[Setting, ...] = one_each("limit 1 each, pool {v}", "--pool", (10, 41))
-    serial: tuple[Setting, ...] = (concurrency(1, "limit 1"),)
-
-
-@dataclass(frozen=True)
-class Chancy(Peer):
-    name: str = "chancy"
-    app: str = "compare_chancy.py"
-    # completed_at is the job's end in the worker; bench_written_at the write of its outcome (a trigger of ours).
-    span_sql: str = (
-        "SELECT extract(epoch FROM min(started_at)), extract(epoch FROM max(bench_written_at)),"
-        " count(*) FILTER (WHERE state = 'succeeded') FROM chancy_jobs"
-    )
-    settings: str = (
-        "one Worker, default plugins, psycopg pool (default 10); each queue at concurrency C with the"
-        " AsyncExecutor, eager_polling (a job's end fetches the next), LISTEN/NOTIFY on push, polling every"
-        " 120 s (fallback); outcomes written in batches once a second (its default); logging WARNING;"
-        " enqueue: push / push_many"
-    )
-    serial: tuple[Setting, ...] = (concurrency(1),)
-    fastest: tuple[Setting, ...] = tuple(concurrency(n) for n in (16, 50, 100))
-    many: tuple[Setting, ...] = one_each("c=1 each, pool {v}", "--pool", (41, 10))
-
-
-@dataclass(frozen=True)
-class PGQueuer(Peer):
-    name: str = "pgqueuer"
-    app: str = "compare_pgqueuer.py"
-    # Finished rows leave its queue table; its log keeps each job's picked and successful moments.
-    span_sql: str = (
-        "SELECT extract(epoch FROM min(created) FILTER (WHERE status = 'picked')),"
-        " extract(epoch FROM max(created) FILTER (WHERE status = 'successful')),"
-        " count(*) FILTER (WHERE status = 'successful') FROM pgqueuer_log"
-    )
-    settings: str = (
-        "QueueManager over one asyncpg connection; a queue is an entrypoint with concurrency_limit C"
-        " (0: unlimited); batch_size B jobs per dequeue (its completion log flushes every B jobs or"
-        " 0.1 s); dequeue_timeout 120 s (fallback only); log aggregation off; logging WARNING;"
-        " enqueue: Queries.enqueue, lists for batches"
-    )
-    serial: tuple[Setting, ...] = one_each("c=1, batch {v}", "--batch-size", (1, 10))
-    fastest: tuple[Setting, ...] = (
-        concurrency(16, "c=16, batch 16", "--batch-size", "16"),
-        concurrency(0, "unlimited, batch 50", "--batch-size", "50"),
-        concurrency(0, "unlimited, batch 200", "--batch-size", "200"),
-    )
-    many: tuple[Setting, ...] = one_each("c=1 each, batch {v}", "--batch-size", (10, 40))
-
-
-@dataclass(frozen=True)
-class Procrastinate(Peer):
-    name: str = "procrastinate"
-    app: str = "compare_procrastinate.py"
-    span_sql: str = (
-        "SELECT extract(epoch FROM min(at) FILTER (WHERE type = 'started')),"
-        " extract(epoch FROM max(at) FILTER (WHERE type = 'succeeded')),"
-        " count(*) FILTER (WHERE type = 'succeeded') FROM procrastinate_events"
-    )
-    settings: str = (
-        "async worker (PsycopgConnector, psycopg 3 pool of min 1, max jobs-at-once + 1), listen_notify=True,"
-        " fetch/abort polling intervals 120 s (fallback only); one queue: one worker at concurrency C;"
-        " 40 queues: one worker per queue at concurrency 1 in one process (no lock);"
-        " jobs kept on success (default); logging WARNING; enqueue: defer_async / batch_defer_async"
-    )
-    fastest: tuple[Setting, ...] = tuple(concurrency(n) for n in (8, 16, 50))
-    many: tuple[Setting, ...] = (concurrency(1, "c=1, a worker per queue", "--per-queue"),)
-
-
-def make_side(name: str, peer_python: str) -> Side:
-    if name == "ours":
-        return Side()
-    kinds = {"oban": Oban, "chancy": Chancy, "pgqueuer": PGQueuer, "procrastinate": Procrastinate}
-    return kinds[name](python=peer_python)
-
-
-# What each recorded sweep found (bench/compare.py --sweep --workloads 1,3),
-# printed with the settings a run without --sweep uses: the first of each list.
-SWEEP_COMMAND = ".venv/bin/python bench/compare.py --sweep --workloads 1,3"
-RECORDED = (
-    "2026-12-03 07:36 UTC, 5,000 jobs, 3 rounds (round 1's best in rounds 2 and 3), load 1.1 to 4.9; median jobs/s:",
-    "pgqueuer 1: c=1, batch 1 250 (250, 325, 228); batch 10, its default, 10 (each job waits for its completion timer)",
-    "pgqueuer 3: c=1 each, batch 10 6,214 (6,214, 6,620, 5,434); batch 40 6,063",
-    "oban 3: limit 1 each, pool 10 (its default) 1,502 (1,321, 1,565, 1,502); pool 41 949",
-    "chancy 3: c=1 each, pool 41 1,280 (789, 1,609, 1,280); pool 10 730",
-    "oban, chancy, procrastinate 1 and procrastinate 3: one setting (NOTIFY wakes, fallback polls), nothing to sweep",
-)
 
 
 # ---------------------------------------------------------------- processes
@@ -378,20 +190,23 @@ class Throughput:
 
 
 def measure_throughput(side: Side, server: Server, queues: list[str], jobs: int, setting: Setting) -> Throughput:
-    """jobs enqueued first (untimed, batches of 1,000), then the worker started:
-    from the first job's start to the last job's outcome, as the database
-    records them."""
+    """jobs enqueued first (untimed, batches of 1,000 where the side has
+    them), then the worker started: from the first job's start to the last
+    job's outcome, as the database records them. A held setting
+    (setting.hold): a transaction id held open on another connection from
+    before the worker starts until it has stopped."""
     result = Throughput(len(queues), setting.label, jobs)
     with scratch_database(server, side.migrated) as scratch, tempfile.TemporaryDirectory(prefix="jobs-cmp-") as work:
         side.install(scratch.url)
-        enqueue(side, "bulk", scratch.url, queues, jobs, ENQUEUE_BATCH)
+        enqueue(side, "bulk", scratch.url, queues, jobs, 1 if side.batch_enqueue else ENQUEUE_BATCH)
         vacuum_analyze(scratch.url)
         meter = ServerMeter(scratch.admin, scratch.name)
         before = meter.xacts()
         # A budget that no sane run reaches: 60 s, plus 50 ms a job.
         timeout = 60 + 0.05 * jobs
         sampler = ConnectionSampler(scratch.server.url, scratch.name, 0.1)
-        with sampler, side_worker(side, scratch.url, queues, setting, jobs, Path(work)) as run:
+        hold = compare_sharing.held(scratch.url, setting.hold)
+        with hold, sampler, side_worker(side, scratch.url, queues, setting, jobs, Path(work)) as run:
             result.error = wait_done(run, timeout)
             done, queries = wait_recorded(scratch.url, side, jobs)
             if result.error:
@@ -455,7 +270,7 @@ def measure_latency(side: Side, server: Server, setting: Setting, samples: int) 
 class Enqueue:
     jobs: int
     single_per_s: float = 0.0  # one job per transaction
-    batch_per_s: float = 0.0  # ENQUEUE_BATCH jobs per transaction
+    batch_per_s: float | None = None  # ENQUEUE_BATCH jobs per transaction (None: the side has no batch enqueue)
 
 
 def measure_enqueue(side: Side, server: Server, jobs: int) -> Enqueue:
@@ -465,9 +280,9 @@ def measure_enqueue(side: Side, server: Server, jobs: int) -> Enqueue:
     with scratch_database(server, side.migrated) as scratch:
         side.install(scratch.url)
         single = enqueue(side, "bulk", scratch.url, ["q00"], jobs, 1)
-        batch = enqueue(side, "bulk", scratch.url, ["q00"], jobs, ENQUEUE_BATCH)
+        batch = None if side.batch_enqueue else enqueue(side, "bulk", scratch.url, ["q00"], jobs, ENQUEUE_BATCH)
     result.single_per_s = jobs / single["seconds"]
-    result.batch_per_s = jobs / batch["seconds"]
+    result.batch_per_s = None if batch is None else jobs / batch["seconds"]
     return result
 
 
@@ -545,6 +360,8 @@ WORKLOADS = {
     "4": "commit-to-start latency, one job a commit",
     "5": f"enqueue, one per transaction, then in batches of {ENQUEUE_BATCH}",
     "6": f"an idle {MANY_QUEUES}-queue worker",
+    "7": f"{compare_sharing.CLIENTS} enqueuers at once, one job a transaction each",
+    "horizon": f"{MANY_QUEUES} queues, one at a time each, clean and with a transaction id held open",
 }
 NO_WORKER = Setting("no worker")
 
@@ -552,11 +369,14 @@ NO_WORKER = Setting("no worker")
 def candidates(side: Side, workload: str, result: SideResult, args: argparse.Namespace) -> list[Setting]:
     """The settings a workload runs the side at: workload 2's sweep always;
     workloads 1 and 3 the recorded best, or all of them with --sweep; 4 and 6
-    the setting that workload 1 or 3 reported (else its recorded best)."""
+    the setting that workload 1 or 3 reported (else its recorded best); the
+    held horizon that one clean and held."""
     if workload == "2":
         return list(side.fastest) or [concurrency(c) for c in args.concurrencies]
-    if workload == "5":
+    if workload in ("5", "7"):
         return [NO_WORKER]
+    if workload == "horizon":
+        return compare_sharing.horizon_settings(candidates(side, "6", result, args)[0])
     listed = list(side.serial if workload in "14" else side.many)
     if workload in "13":
         return listed if args.sweep else listed[:1]
@@ -568,8 +388,10 @@ def measure_one(workload: str, side: Side, setting: Setting, server: Server, arg
     one_queue, many = ["q00"], [f"q{i:02d}" for i in range(MANY_QUEUES)]
     if workload in "12":
         return measure_throughput(side, server, one_queue, args.jobs, setting)
-    if workload == "3":
+    if workload in ("3", "horizon"):
         return measure_throughput(side, server, many, args.jobs, setting)
+    if workload == "7":
+        return compare_sharing.measure_burst(side, server, compare_sharing.CLIENTS, args.seconds)
     if workload == "4":
         return measure_latency(side, server, setting, args.samples)
     if workload == "5":
@@ -597,7 +419,9 @@ def run_rounds(
     for turn in range(args.rounds):
         for name in names[turn % len(names) :] + names[: turn % len(names)]:
             result = results[name]
-            for setting in settings[name]:
+            # The held horizon's clean and held runs take turns at going first.
+            ordered = settings[name][:: -1 if workload == "horizon" and turn % 2 else 1]
+            for setting in ordered:
                 say(
                     name,
                     f"workload {workload}, round {turn + 1} of {args.rounds}: {WORKLOADS[workload]}, {setting.label}",
@@ -608,17 +432,30 @@ def run_rounds(
                 if workload in STEP_ALONE and name == "ours" and setting == settings[name][-1]:
                     say(name, f"workload {workload}: {STEP_ALONE[workload][0]} alone, no worker")
                     result.step_alone_rounds.setdefault(workload, []).append(measure_step_alone(server, workload))
-            if len(settings[name]) > 1:
+            if len(settings[name]) > 1 and workload != "horizon":
                 best = max((r for r in result.runs if r.workload == workload), key=lambda r: rate(r.result))
                 settings[name] = [s for s in settings[name] if s.label == best.setting]
     for name in names:
         result = results[name]
+        if workload == "horizon":
+            result.chosen[workload] = settings[name][1].label
+            result.medians[workload] = compare_sharing.horizon_summary(horizon_pairs(result.runs))
+            continue
         result.chosen[workload] = label = settings[name][0].label
         result.medians[workload] = median(
             [r.result for r in result.runs if (r.workload, r.setting) == (workload, label)]
         )
         if workload in result.step_alone_rounds:
             result.step_alone[workload] = statistics.median(result.step_alone_rounds[workload])
+
+
+def horizon_pairs(runs: list[Run]) -> list[tuple[Throughput, Throughput]]:
+    """Each round's clean and held runs of the held-horizon workload."""
+    by_round: dict[int, dict[bool, Throughput]] = {}
+    for run in runs:
+        if run.workload == "horizon":
+            by_round.setdefault(run.round, {})[run.setting.endswith(", held")] = run.result
+    return [(pair[False], pair[True]) for pair in by_round.values() if len(pair) == 2]
 
 
 def median(runs: list[Any]) -> Any:
@@ -718,6 +555,10 @@ ROWS: list[tuple[str, str, str, bool]] = [
     (f"idle {MANY_QUEUES} queues: xacts/min", "6", "xacts_per_minute", False),
     (f"idle {MANY_QUEUES} queues: connections", "6", "connections", False),
     (f"idle {MANY_QUEUES} queues: worker RSS (MB)", "6", "rss_mb", False),
+    (f"{compare_sharing.CLIENTS} enqueuers at once (jobs/s)", "7", "jobs_per_s", True),
+    (f"{compare_sharing.CLIENTS} enqueuers: x plain INSERT", "7", "of_plain", True),
+    (f"{MANY_QUEUES} queues, xid held (jobs/s)", "horizon", "held_jobs_per_s", True),
+    (f"{MANY_QUEUES} queues, xid held: x clean", "horizon", "ratio", True),
 ]
 
 
@@ -782,6 +623,7 @@ def print_table(result: dict[str, Any]) -> None:
     print_serial_shares(result, names)
     print_step_alone(result, rows)
     print_rounds(result, names)
+    compare_sharing.print_notes(result, names, make_side)
     print_incomplete(result, names)
 
 
@@ -801,7 +643,7 @@ def print_settings(result: dict[str, Any], names: list[str]) -> None:
                 if run["workload"] == workload and run["round"] == 1 and "jobs_per_s" in run["result"]
             }
             line = f"    {workload}. {WORKLOADS[workload]}: {label}"
-            if len(tried) > 1:
+            if len(tried) > 1 and workload != "horizon":
                 swept_rates = "; ".join(f"{s} {v:,.0f}" for s, v in tried.items())
                 line += f" (the first round's sweep: {swept_rates} jobs/s)"
             elif workload in "13" and not swept and name != "ours":
@@ -862,7 +704,8 @@ def print_rounds(result: dict[str, Any], names: list[str]) -> None:
     how far the median's ratio could move between runs."""
     sides = result["sides"]
     for label, workload, name, higher in ROWS:
-        if not higher or "ours" not in names:
+        # The held horizon's rows are ratios of a clean and a held run: print_sharing shows its rounds.
+        if not higher or "ours" not in names or workload == "horizon":
             continue
         per_round: dict[int, dict[str, float]] = {}
         for side in names:
@@ -901,9 +744,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--jobs", type=int, help="jobs per throughput and enqueue run (default 5000; quick 1000)")
     parser.add_argument("--only", choices=SIDES, action="append", help="run only this side (repeatable)")
-    parser.add_argument("--workloads", default="1,2,3,4,5,6", help="comma-separated, of 1-6")
     parser.add_argument(
-        "--concurrencies", default="16,32,64,128,256", help="workload 2's sweep for ours (default %(default)s)"
+        "--workloads", default="1,2,3,4,5,6,7,horizon", help="comma-separated, of 1-7 and horizon (%(default)s)"
+    )
+    parser.add_argument("--seconds", type=float, help="workload 7's window (default 10; quick 3)")
+    parser.add_argument(
+        "--concurrencies", default="16,32,64,128,256,512,1024", help="workload 2's sweep for ours (default %(default)s)"
     )
     parser.add_argument("--sweep", action="store_true", help="workloads 1 and 3: every listed setting of each peer")
     parser.add_argument("--samples", type=int, help="workload 4's jobs (default 200; quick 50)")
@@ -925,6 +771,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     quick = args.quick
     args.jobs = args.jobs or (1000 if quick else 5000)
     args.samples = args.samples or (50 if quick else 200)
+    args.seconds = args.seconds or (3.0 if quick else 10.0)
     args.idle_seconds = args.idle_seconds or (20.0 if quick else 60.0)
     args.settle = args.settle if args.settle is not None else (15.0 if quick else 30.0)
     args.fsync_seconds = args.fsync_seconds or (1 if quick else 2)
@@ -935,7 +782,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.concurrencies = sorted({int(c) for c in args.concurrencies.split(",")})
     args.sides = [s for s in SIDES if not args.only or s in args.only]
     if set(args.workloads) - set(WORKLOADS) or args.jobs < MANY_QUEUES or min(args.concurrencies) < 1:
-        parser.error("--workloads of 1-6, --jobs >= 40, --concurrencies >= 1")
+        parser.error("--workloads of 1-7 and horizon, --jobs >= 40, --concurrencies >= 1")
     if args.rounds < 1:
         parser.error("--rounds >= 1")
     return args

@@ -58,12 +58,18 @@ ENQUEUE_BATCH = 1000
 
 
 class Hold:
-    """A transaction another session keeps open, of a kind of HOLDS."""
+    """A transaction another session keeps open, of a kind of HOLDS, or
+    "xid": BEGIN; SELECT txid_current(); (a transaction id and nothing
+    else, on any database: bench/compare.py holds it over every library's
+    tables alike)."""
 
     def __init__(self, url: str, kind: str) -> None:
         self.conn = psycopg2.connect(url, application_name=HOLD_APP)
-        self.conn.set_session(isolation_level="REPEATABLE READ")
         with self.conn.cursor() as cur:
+            if kind == "xid":
+                cur.execute("SELECT txid_current()")
+                return
+            self.conn.set_session(isolation_level="REPEATABLE READ")
             cur.execute("SELECT count(*) FROM jobs")
             if kind == "write":
                 cur.execute("UPDATE bench_unrelated SET n = n + 1 WHERE id = 1")

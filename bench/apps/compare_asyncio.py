@@ -13,7 +13,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-from compare_support import round_robin
+from compare_support import round_robin, wait_for_go
 
 
 def on_stop(callback: Callable[[], Any]) -> None:
@@ -40,6 +40,16 @@ async def enqueue_jobs(
             # A random gap, so the commits never fall into step with anything periodic in the worker.
             await asyncio.sleep(random.uniform(args.gap_min, args.gap_max))
         json.dump(commits, sys.stdout)
+        return
+    if args.mode == "burst":
+        # The wait blocks the loop: nothing of the client's has work to do before its first enqueue.
+        _, end = wait_for_go(args)
+        done, seq = 0, 0
+        while time.time() < end:
+            await one(queues[seq % len(queues)], seq)
+            seq += 1
+            done += time.time() <= end
+        json.dump({"jobs": done}, sys.stdout)
         return
     rows = round_robin(queues, args.jobs)
     started = time.perf_counter()

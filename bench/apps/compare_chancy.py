@@ -2,7 +2,7 @@
 
   install --url URL
   work    --url URL --queues ... --concurrency C [--pool N]   (until SIGTERM)
-  bulk | produce --url URL --queues ... --jobs N ...           (see compare_support)
+  bulk | produce | burst --url URL --queues ... --jobs N ...           (see compare_support)
 
 Its settings, from its docs and source (chancy/queue.py, worker.py,
 executors/asyncex.py): one Worker, its default plugins, over its psycopg pool

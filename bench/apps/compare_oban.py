@@ -3,7 +3,7 @@ its schema, work, enqueue.
 
   install --url URL
   work    --url URL --queues ... --concurrency C [--pool N]   (until SIGTERM)
-  bulk | produce --url URL --queues ... --jobs N ...           (see compare_support)
+  bulk | produce | burst --url URL --queues ... --jobs N ...           (see compare_support)
 
 Run as its `oban start` runs it (oban/cli.py): uvloop, one Oban instance over
 a psycopg pool (--pool, its default 10), each queue a producer at `limit` C

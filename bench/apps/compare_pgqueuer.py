@@ -2,7 +2,7 @@
 
   install --url URL
   work    --url URL --queues ... --concurrency C --batch-size B   (until SIGTERM)
-  bulk | produce --url URL --queues ... --jobs N ...               (see compare_support)
+  bulk | produce | burst --url URL --queues ... --jobs N ...               (see compare_support)
 
 A queue is an entrypoint; "C jobs at once" is the entrypoint's
 concurrency_limit, which PGQueuer enforces in its dequeue query across every

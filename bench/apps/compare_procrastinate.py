@@ -2,7 +2,7 @@
 
   install --url URL
   work    --url URL --queues ... --concurrency C [--lock]   (until SIGTERM)
-  bulk | produce --url URL --queues ... --jobs N ...         (see compare_support)
+  bulk | produce | burst --url URL --queues ... --jobs N ...         (see compare_support)
 
 Its best settings for this comparison (procrastinate's docs, "concurrency" and
 "listen/notify"): one async worker with `concurrency` jobs at once, woken by

@@ -58,17 +58,35 @@ def worker_parser(description: str) -> argparse.ArgumentParser:
 
 def enqueue_parser(description: str) -> argparse.ArgumentParser:
     """The arguments of every enqueue process: 'bulk' (jobs/s, printed as JSON
-    {"seconds": ...}) or 'produce' (one job per commit with a pause, printing
-    [[seq, time.time() after the commit], ...])."""
+    {"seconds": ...}), 'produce' (one job per commit with a pause, printing
+    [[seq, time.time() after the commit], ...]) or 'burst' (one job per
+    commit, back to back, from a moment shared with other processes for
+    --seconds, printing {"jobs": the calls that ended inside the window})."""
     parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("mode", choices=("bulk", "produce"))
+    parser.add_argument("mode", choices=("bulk", "produce", "burst"))
     parser.add_argument("--url", required=True)
     parser.add_argument("--queues", required=True, help="comma-separated; jobs go round robin over them")
     parser.add_argument("--jobs", type=int, required=True)
     parser.add_argument("--batch", type=int, default=1, help="jobs per transaction (bulk)")
     parser.add_argument("--gap-min", type=float, default=0.05)
     parser.add_argument("--gap-max", type=float, default=0.1)
+    parser.add_argument("--seconds", type=float, default=10.0, help="burst: the window's length")
+    parser.add_argument("--ready-file", type=Path, help="burst: written once connected and ready")
+    parser.add_argument("--go-file", type=Path, help="burst: holds the window's start, time.time()")
     return parser
+
+
+def wait_for_go(args: argparse.Namespace) -> tuple[float, float]:
+    """A burst process's window, (start, end) in time.time(): it says it is
+    ready, then waits for the benchmark to name the start once every process
+    is ready, so that a slow start (a library's imports, its connections) on
+    a busy machine shortens no process's window."""
+    args.ready_file.write_text("ready")
+    while not args.go_file.exists():
+        time.sleep(0.01)
+    start = float(args.go_file.read_text())
+    time.sleep(max(0.0, start - time.time()))
+    return start, start + args.seconds
 
 
 def round_robin(queues: list[str], jobs: int) -> list[tuple[str, int]]:

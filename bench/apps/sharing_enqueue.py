@@ -11,6 +11,10 @@ how long it took to commit, the id written, and the error when it failed.
           indexes and its commit, without the NOTIFY; COMMIT
   text    the same as plain, sent as text at each call (as an application's
           psycopg2 code sends its INSERT, and as lib.insert sends its call)
+  table   BEGIN; INSERT INTO bench_plain (queue, args) VALUES ($1, $2)
+          RETURNING id, prepared once; COMMIT: one row into a plain table of
+          the benchmark's (a bigserial key, no other index, no trigger),
+          what the server allows an enqueue of any library
   legacy  the original Go service's Insert, in autocommit:
           INSERT INTO jobs (queue, name, callsite, args) VALUES ($1, $2, $3,
           $4::jsonb) ON CONFLICT DO NOTHING RETURNING id; prepared once on the
@@ -68,6 +72,11 @@ VALUES (%(queue)s, %(name)s, %(args)s, %(callsite)s, now(), 0, NULL, NULL,
 ON CONFLICT DO NOTHING
 RETURNING id
 """
+# A plain table's one-row INSERT (the table: bench/compare_sharing.py's PLAIN_TABLE).
+TABLE = """
+PREPARE table_insert(text, jsonb) AS
+INSERT INTO bench_plain (queue, args) VALUES ($1, $2) RETURNING id
+"""
 STALE_PLAN = "cached plan must not change result type"
 
 
@@ -97,6 +106,10 @@ class Writer:
             self.cur.execute("EXECUTE plain_insert(%s, %s, %s, %s)", (queue, JOB_NAME, text, "sharing_enqueue"))
             row = self.cur.fetchone()
             found = row[0] if row else None
+        elif self.mode == "table":
+            self.prepare(TABLE)
+            self.cur.execute("EXECUTE table_insert(%s, %s)", (queue, text))
+            found = self.cur.fetchone()[0]
         elif self.mode == "text":
             params = {"queue": queue, "name": JOB_NAME, "args": text, "callsite": "sharing_enqueue"}
             self.cur.execute(TEXT, params)
@@ -121,7 +134,7 @@ class Writer:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("mode", choices=("lib", "plain", "text", "legacy"))
+    parser.add_argument("mode", choices=("lib", "plain", "text", "table", "legacy"))
     parser.add_argument("--url", required=True)
     parser.add_argument("--queues", default="q00", help="comma-separated; the writes go round robin over them")
     parser.add_argument("--client", type=int, default=0, help="this client's number: its args, its first queue")
