@@ -323,7 +323,7 @@ class _Answers:
             if row[2] is None:
                 self.waits[row[0], row[1]] = row[2:]
             else:
-                self.claimed[row[0], row[1], row[10]] = row[2:]
+                self.claimed[row[0], row[1], row[10]] = row[2:]  # by queue, worker and slot
 
     def reply(self, ask: Ask) -> Reply:
         written = ask.outcome is not None and ask.outcome["id"] in self.written
