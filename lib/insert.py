@@ -383,9 +383,13 @@ def trace_context() -> str | None:
 
 
 def _callsite() -> str:
-    """file:line of the code that called insert, relative to the repo root when
-    it lies inside it, so it reads the same whatever checkout ran it."""
-    frame = sys._getframe(2)
+    """file:line of the code that called insert."""
+    return callsite_of(sys._getframe(2))
+
+
+def callsite_of(frame: Any) -> str:
+    """A frame's file:line, relative to the repo root when it lies inside it,
+    so it reads the same whatever checkout ran it."""
     path = os.path.abspath(frame.f_code.co_filename)
     root = str(ROOT) + os.sep
     if path.startswith(root):

@@ -18,7 +18,6 @@ its task's return value the job's step "return_value" (PendingJob.step).
 from __future__ import annotations
 
 import json
-import os
 import re
 import sys
 from datetime import datetime
@@ -29,8 +28,8 @@ from django.db import connections
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from lib.insert import InvalidJob, check_name, insert
-from lib.store.sql import ROOT, Q
+from lib.insert import InvalidJob, callsite_of, check_name, insert
+from lib.store.sql import Q
 
 try:  # Django 6
     from django.tasks import Task, TaskContext, TaskResult, TaskResultStatus
@@ -215,14 +214,12 @@ def _check_importable(task: Task) -> None:
 
 
 def _callsite() -> str:
-    """file:line of the code that called enqueue, past Django's own frames;
-    relative to the repository root when inside it, as lib.insert writes it."""
+    """file:line of the code that called enqueue, past Django's own frames,
+    as lib.insert writes it."""
     frame = sys._getframe(1)
     while frame.f_back is not None and str(frame.f_globals.get("__name__", "")).startswith(_FRAMEWORK):
         frame = frame.f_back
-    path = os.path.abspath(frame.f_code.co_filename)
-    root = str(ROOT) + os.sep
-    return f"{path.removeprefix(root)}:{frame.f_lineno}"
+    return callsite_of(frame)
 
 
 def _job_id(result_id: str) -> int:
