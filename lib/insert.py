@@ -226,7 +226,8 @@ def check_name(field: str, value: Any) -> str:
 
 def checked(job: Job) -> str:
     """The job's args as JSON text, once every field is known good; else InvalidJob."""
-    _after(job.after)
+    if job.after != ():  # the default, no waits, is known good: a batch's jobs mostly wait for none
+        _after(job.after)
     return _checked(job.queue, job.name, job.args, job.run_at, job.priority, job.max_attempts, job.key)
 
 
