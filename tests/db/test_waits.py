@@ -98,6 +98,26 @@ def test_a_wait_on_a_job_that_does_not_exist_is_refused_with_the_insert(db, data
     assert db.query_row("SELECT waited_on FROM jobs WHERE id = %s", (dep,)) == (None,)
 
 
+def test_no_wait_is_a_cycle_a_job_naming_its_own_id_is_refused(db, database_url):
+    # A job may only wait for jobs that exist when it is written, and no wait is
+    # added later, so the one cycle a caller could make is a job naming the id
+    # its own insert is about to take.
+    dep = insert(db, "a", "a.N")
+    own = db.query_row("SELECT setval('jobs_id_seq', %s) + 1", (dep + 10,))[0]
+    conn = psycopg2.connect(database_url)
+    try:
+        with (
+            pytest.raises(psycopg2.errors.CheckViolation, match=f"after: job {own} cannot wait for itself"),
+            conn,
+            conn.cursor() as cur,
+        ):
+            insert(cur, "b", "b.N", after=[dep, own])
+    finally:
+        conn.close()
+    assert db.query("SELECT id FROM jobs") == [(dep,)]
+    assert db.query_row("SELECT count(*) FROM job_waits") == (0,)
+
+
 @pytest.mark.parametrize("after", ["12", [0], [True], [1.5], 7])
 def test_after_must_name_job_ids(db, after):
     with pytest.raises(InvalidJob, match="after must"):
