@@ -19,6 +19,14 @@ share of the batch's. A worker sends one batch at a time (a queue's claims
 take its turn), so the last row bounds one queue's jobs a second whatever
 the worker's own speed.
 
+Two reference rows take their turns with them, on the same server and
+connection kind: a one-row UPDATE of a table of its own and its commit (what
+pgbench commits; the serial step's server CPU is read against it), and the
+two row writes of a serial step alone (job n's outcome and job n+1's claim as
+two plain UPDATEs by id, in one transaction and one round trip: no read of
+the queue's order, no rule), what the table's rows and indexes cost a step
+before any of its reads.
+
 bench/compare.py runs the jobs_step_one loop and the 256-slot one too, next
 to the worker's serial and one-queue runs: what the statement alone allows,
 in the same run as the peers.
@@ -50,11 +58,93 @@ PATHS: dict[str, tuple[Callable[[list[Ask]], tuple[str, dict[str, Any]]], int, i
     "jobs_step (40 queues a batch), a job": (batch_step, 40, 1),
     "jobs_step (256 slots a batch), a job": (batch_step, 1, 256),
 }
+# The references: the server's own one-row commit, and a step's two row writes alone.
+ONE_ROW = "one-row UPDATE and its commit (reference)"
+WRITES = "the serial step's two row writes alone (reference)"
 MIN_CPU_SECONDS = 0.1
 WARMUP = 200  # untimed jobs first (ten calls at least): the statements are prepared and planned
 
 
-class Stepper:
+class Timed:
+    """A loop of calls on one connection whose backend's CPU is read."""
+
+    cur: psycopg2.extensions.cursor
+    pid: int
+
+    def connect(self, url: str) -> None:
+        self.conn = psycopg2.connect(url)
+        self.conn.autocommit = True
+        self.cur = self.conn.cursor()
+        self.cur.execute("SELECT pg_backend_pid()")
+        self.pid = self.cur.fetchone()[0]
+
+    def step(self) -> None:
+        raise NotImplementedError
+
+    def timed(self, steps: int) -> tuple[float, float | None]:
+        """Wall and backend CPU seconds for this many steps; CPU None when the
+        server's processes are not on this machine."""
+        cpu = process_cpu_seconds(self.pid)
+        began = time.perf_counter()
+        for _ in range(steps):
+            self.step()
+        wall = time.perf_counter() - began
+        after = process_cpu_seconds(self.pid)
+        return wall, None if cpu is None or after is None else after - cpu
+
+
+class OneRow(Timed):
+    """pgbench's kind of commit: one row of a table of its own updated, a HOT
+    update (the table leaves room on its page), autocommit."""
+
+    def __init__(self, url: str, jobs: int) -> None:
+        self.connect(url)
+        self.cur.execute("CREATE TABLE bench_one (id int PRIMARY KEY, n bigint NOT NULL) WITH (fillfactor = 50)")
+        self.cur.execute("INSERT INTO bench_one VALUES (1, 0)")
+        self.cur.execute("PREPARE one_row AS UPDATE bench_one SET n = n + 1 WHERE id = 1")
+
+    def step(self) -> None:
+        self.cur.execute("EXECUTE one_row")
+
+
+class Writes(Timed):
+    """A serial step's row writes and nothing else: job n's outcome (ok) and
+    job n+1's claim, the columns the step sets, as two plain UPDATEs by id in
+    one transaction, sent in one round trip. By id alone: a status in the
+    WHERE lets a generic plan read a partial index of that status whole."""
+
+    CLAIM = """PREPARE bench_claim(bigint) AS UPDATE jobs SET status = 'started', started_at = now(),
+      finished_at = NULL, attempts = attempts + 1, worker_id = 'bench', slot = 0,
+      lease_until = clock_timestamp() + interval '300 s', claim_seq = nextval('jobs_claim_seq'), claim_slot = 0,
+      claim_run_at = run_at, claim_snapshot = pg_current_snapshot()
+    WHERE id = $1"""
+    OUTCOME = """PREPARE bench_outcome(bigint) AS UPDATE jobs SET status = 'ok', finished_at = now(),
+      lease_until = NULL, slot = NULL
+    WHERE id = $1"""
+
+    def __init__(self, url: str, jobs: int) -> None:
+        self.connect(url)
+        self.cur.execute(
+            "INSERT INTO jobs (queue, name, args) SELECT 'bench_writes', 'bench.Noop', '{}'"
+            " FROM generate_series(1, %s) RETURNING id",
+            (jobs + 1,),
+        )
+        self.ids = iter(sorted(row[0] for row in self.cur.fetchall()))
+        self.cur.execute(self.CLAIM)
+        self.cur.execute(self.OUTCOME)
+        self.held = next(self.ids)
+        self.cur.execute("EXECUTE bench_claim(%s)", (self.held,))
+
+    def step(self) -> None:
+        following = next(self.ids)
+        self.cur.execute("BEGIN; EXECUTE bench_outcome(%s); EXECUTE bench_claim(%s); COMMIT", (self.held, following))
+        self.held = following
+
+
+REFERENCES: dict[str, Callable[[str, int], Timed]] = {ONE_ROW: OneRow, WRITES: Writes}
+
+
+class Stepper(Timed):
     """Queues worked `slots` jobs at a time each, every slot's step in one call."""
 
     def __init__(
@@ -67,11 +157,7 @@ class Stepper:
     ) -> None:
         self.queues, self.build = queues, build
         self.asks = [(queue, slot) for queue in queues for slot in range(slots)]
-        self.conn = psycopg2.connect(url)
-        self.conn.autocommit = True
-        self.cur = self.conn.cursor()
-        self.cur.execute("SELECT pg_backend_pid()")
-        self.pid = self.cur.fetchone()[0]
+        self.connect(url)
         for queue in queues:
             self.cur.execute(
                 "INSERT INTO jobs (queue, name, args) SELECT %s, 'bench.Noop', '{}' FROM generate_series(1, %s)",
@@ -114,32 +200,25 @@ class Stepper:
             raise SystemExit(f"{self.queues[0]}...: a queue ran dry or a slot claimed nothing: {len(claimed)} claimed")
         self.rows = claimed
 
-    def timed(self, steps: int) -> tuple[float, float | None]:
-        """Wall and backend CPU seconds for this many steps; CPU None when the
-        server's processes are not on this machine."""
-        cpu = process_cpu_seconds(self.pid)
-        began = time.perf_counter()
-        for _ in range(steps):
-            self.step()
-        wall = time.perf_counter() - began
-        after = process_cpu_seconds(self.pid)
-        return wall, None if cpu is None or after is None else after - cpu
-
 
 def measure(url: str, steps: int, rounds: int, paths: list[str] | None = None) -> dict[str, dict[str, Any]]:
-    """Each of paths (default: all of PATHS), by label: steps, steps_per_s,
-    server_cpu_ms (None: not visible, or too little to read)."""
-    labels = paths or list(PATHS)
+    """Each of paths (default: all of PATHS and REFERENCES), by label: steps,
+    steps_per_s, server_cpu_ms (None: not visible, or too little to read)."""
+    labels = paths or [*PATHS, *REFERENCES]
     # As many jobs a round as a serial path's steps: a path of several asks
     # makes a call for each of them.
-    width = {label: PATHS[label][1] * PATHS[label][2] for label in labels}
+    width = {label: PATHS[label][1] * PATHS[label][2] if label in PATHS else 1 for label in labels}
     calls = {label: max(1, steps // width[label]) for label in labels}
     warmups = {label: max(10, WARMUP // width[label]) for label in labels}
-    steppers = {}
+    steppers: dict[str, Timed] = {}
     for n, label in enumerate(labels):
+        jobs = warmups[label] + calls[label] * rounds + 10
+        if label in REFERENCES:
+            steppers[label] = REFERENCES[label](url, jobs)
+            continue
         build, queues, slots = PATHS[label]
         names = [f"step{n}_{q:02d}" for q in range(queues)]
-        steppers[label] = Stepper(url, names, build, (warmups[label] + calls[label] * rounds + 10) * slots, slots)
+        steppers[label] = Stepper(url, names, build, jobs * slots, slots)
     for label, stepper in steppers.items():
         for _ in range(warmups[label]):
             stepper.step()
@@ -163,11 +242,18 @@ def measure(url: str, steps: int, rounds: int, paths: list[str] | None = None) -
 def print_table(result: dict[str, Any]) -> None:
     rate = result["commit_rate"]["tps"]
     print()
-    header = f"{'a job (its outcome + the next claim)':40} {'jobs/s':>9} {'of commit rate':>15}"
+    header = f"{'a job (its outcome + the next claim)':52} {'jobs/s':>9} {'of commit rate':>15}"
     print(f"{header} {'server CPU/job':>16}")
     for label, found in result["paths"].items():
         cpu = "n/a" if found["server_cpu_ms"] is None else f"{found['server_cpu_ms']:.3f} ms"
-        print(f"{label:40} {found['steps_per_s']:9,.0f} {found['steps_per_s'] / rate:15.2f} {cpu:>16}")
+        print(f"{label:52} {found['steps_per_s']:9,.0f} {found['steps_per_s'] / rate:15.2f} {cpu:>16}")
+    cpu_ms = {label: found["server_cpu_ms"] for label, found in result["paths"].items()}
+    if cpu_ms.get(ONE_ROW) and cpu_ms.get("jobs_step_one") and cpu_ms.get(WRITES):
+        print(
+            f"\nserver CPU over the one-row UPDATE's: the serial step (jobs_step_one)"
+            f" {cpu_ms['jobs_step_one'] / cpu_ms[ONE_ROW]:.2f}x, its two row writes alone"
+            f" {cpu_ms[WRITES] / cpu_ms[ONE_ROW]:.2f}x"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
