@@ -251,17 +251,22 @@ class Executor:
         """Run the job, and decide what its row stores, with the follow-ups
         its outcome writes (none for a cancelled job: an operator's cancel
         ends it with nothing after it). The worker's own kill goes on up."""
-        if self.tracer is None:
+        span = None if self.tracer is None else traces.start_run(self.tracer, self.queue, job)
+        if span is None:
             return self._decided(job, slot)
-        with traces.run_span(self.tracer, self.queue, job) as ended:
-            decision = self._decided(job, slot)
-            match decision:
-                case Outcome(status=status, error=error):
-                    ended(status, error)
-                case GiveBack():
-                    ended("given back", None)
-                case Abandon():
-                    ended("lease lost", None)
+        with traces.current(span):
+            try:
+                decision = self._decided(job, slot)
+            except BaseException:
+                traces.end_run(span, None, None)
+                raise
+        match decision:
+            case Outcome(status=status, error=error):
+                traces.end_run(span, status, error)
+            case GiveBack():
+                traces.end_run(span, "given back", None)
+            case Abandon():
+                traces.end_run(span, "lease lost", None)
         return decision
 
     def _decided(self, job: PendingJob, slot: int) -> Decision:

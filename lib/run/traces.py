@@ -12,12 +12,14 @@ outcome's write make no span of their own."""
 from __future__ import annotations
 
 import json
+import logging
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from typing import Any
 
 from lib.job import PendingJob
+
+log = logging.getLogger("jobs.traces")
 
 # The span's names for what it is about: OpenTelemetry's messaging
 # conventions where they have one, the worker's own for the rest.
@@ -36,12 +38,10 @@ def tracer() -> Any | None:
     return provider.get_tracer("jobs.worker")
 
 
-@contextmanager
-def run_span(tracer: Any, queue: str, job: PendingJob) -> Iterator[Callable[[str, BaseException | None], None]]:
-    """The job's run as the current span; what it yields records the outcome
-    (the status the job reached and its error) before the span ends. A run
-    the worker's own kill cuts short ends without one."""
-    from opentelemetry.trace import SpanKind, Status, StatusCode
+def start_run(tracer: Any, queue: str, job: PendingJob) -> Any | None:
+    """The job's run's span, started; None when the program's tracing fails
+    to start one (a span processor that raises): the job then runs untraced."""
+    from opentelemetry.trace import SpanKind
 
     attributes = {
         "messaging.system": SYSTEM,
@@ -51,24 +51,51 @@ def run_span(tracer: Any, queue: str, job: PendingJob) -> Iterator[Callable[[str
         "jobs.name": job.name,
         "jobs.attempt": job.attempts,
     }
-    with tracer.start_as_current_span(
-        f"process {queue}",
-        kind=SpanKind.CONSUMER,
-        links=_links(job.trace),
-        attributes=attributes,
-        # Only the outcome says whether the run failed: a kill at shutdown is not the job's error.
-        record_exception=False,
-        set_status_on_exception=False,
-    ) as span:
+    try:
+        return tracer.start_span(
+            f"process {queue}", kind=SpanKind.CONSUMER, links=_links(job.trace), attributes=attributes
+        )
+    except Exception as exc:
+        _tracing_failed(exc)
+        return None
 
-        def ended(status: str, error: BaseException | None) -> None:
+
+def current(span: Any) -> AbstractContextManager[Any]:
+    """The span as the current one while the handler runs, so the spans it
+    makes are its children. Only the outcome says whether the run failed: a
+    kill at shutdown is not the job's error."""
+    from opentelemetry.trace import use_span
+
+    return use_span(span, end_on_exit=False, record_exception=False, set_status_on_exception=False)
+
+
+def end_run(span: Any, status: str | None, error: BaseException | None) -> None:
+    """The run's outcome recorded on its span (status None: the worker's own
+    kill cut the run short), and the span ended. A fault of the program's
+    tracing here is said and goes no further: the outcome is the job's."""
+    from opentelemetry.trace import Status, StatusCode
+
+    try:
+        if status is not None:
             span.set_attribute("jobs.outcome", status)
             if status.startswith("err: "):
                 if error is not None:
                     span.record_exception(error)
                 span.set_status(Status(StatusCode.ERROR, status))
+        span.end()
+    except Exception as exc:
+        _tracing_failed(exc)
 
-        yield ended
+
+def _tracing_failed(exc: Exception) -> None:
+    """Said once a process: a broken exporter would otherwise say it every job."""
+    global _said_failed
+    if not _said_failed:
+        _said_failed = True
+        log.warning("tracing failed, runs go on untraced where it does (said once): %s: %s", type(exc).__name__, exc)
+
+
+_said_failed = False
 
 
 def _links(stored: str | None) -> list[Any]:
