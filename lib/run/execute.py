@@ -18,6 +18,7 @@ from greenlet import GreenletExit
 from lib.background import worker_registry
 from lib.background.leases import LeaseLost, Leases
 from lib.greenlets.deadline import Deadline
+from lib.insert import trace_context
 from lib.job import Handler, PendingJob, Snooze
 from lib.job import status as st
 from lib.job.text import describe
@@ -122,6 +123,8 @@ class Outcome:
     hold: float = 0.0  # seconds the queue takes no job after this one, in every process
     # The jobs this outcome enqueues, in its own transaction (PendingJob.then).
     followups: tuple[Any, ...] = field(default=(), compare=False)
+    # The run's trace context, taken in its span, which they store (their runs link to this one).
+    followups_trace: str | None = field(default=None, compare=False)
     # What the row stores as its status and its last error; set from the above.
     stored: str = field(init=False, compare=False)
     last_error: str | None = field(init=False, compare=False)
@@ -278,7 +281,7 @@ class Executor:
             except Exception as exc:
                 return recorded(self.queue, job, Raised(exc), retry_base=self.retry_base)
             if jobs:
-                return replace(decision, followups=jobs)
+                return replace(decision, followups=jobs, followups_trace=trace_context())
         return decision
 
     def execute(self, job: PendingJob, slot: int) -> Happened:

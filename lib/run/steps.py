@@ -40,9 +40,10 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import gevent
 from gevent.event import AsyncResult, Event
 
-from lib.insert import MAX_ARGS_BYTES, Job, insert_many, oversize
+from lib.insert import MAX_ARGS_BYTES, insert_many, oversize
 from lib.job import PendingJob
 from lib.job import status as st
+from lib.run import traces
 from lib.run.execute import Outcome
 from lib.run.job_steps import StepStore
 from lib.run.queue import Queue
@@ -511,7 +512,7 @@ class Steps:
                 # The follow-ups go with the outcome they were added for, not
                 # with one that replaced it.
                 if outcome.followups and params["status"] == outcome.stored:
-                    reply = self._send_with_followups(job, params, outcome.followups)
+                    reply = self._send_with_followups(job, params, outcome)
                 else:
                     reply = self.completer.send(params, None)
             except Exception as exc:
@@ -544,12 +545,11 @@ class Steps:
             # The last try goes at the end of the tries, not a whole backoff before it.
             gevent.sleep(min(retry.failed(), left))
 
-    def _send_with_followups(self, job: PendingJob, params: dict[str, Any], followups: tuple[Job, ...]) -> Reply:
-        """The outcome and the jobs it enqueues, in one transaction of their
-        own (the group commit's batches carry outcomes alone). The row is
-        locked first: when it no longer holds this claim started, an earlier
-        try committed (the outcome and its follow-ups, whose reply was lost)
-        or a rescue took it; neither writes anything now."""
+    def _send_with_followups(self, job: PendingJob, params: dict[str, Any], outcome: Outcome) -> Reply:
+        """The outcome and the jobs it enqueues, in a transaction of their own
+        (the group commit's batches carry outcomes alone). The row is locked
+        first: when no longer started by this claim, an earlier try committed
+        both (its reply lost) or a rescue took it, and nothing is written now."""
         ask = Ask(params, None)
         try:
             with self.db.transaction() as tx:
@@ -561,7 +561,8 @@ class Steps:
                 reply = _Answers(tx.query(*lone_step(ask))).reply(ask)
                 if not reply.written:
                     raise _Undone(reply)
-                insert_many(tx, followups, callsite=f"then of job {job.id}")
+                with traces.resumed(outcome.followups_trace):
+                    insert_many(tx, outcome.followups, callsite=f"then of job {job.id}")
                 return reply
         except _Undone as undone:
             return undone.reply

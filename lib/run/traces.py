@@ -14,7 +14,8 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from contextlib import AbstractContextManager
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 from lib.job import PendingJob
@@ -85,6 +86,27 @@ def end_run(span: Any, status: str | None, error: BaseException | None) -> None:
         span.end()
     except Exception as exc:
         _tracing_failed(exc)
+
+
+@contextmanager
+def resumed(stored: str | None) -> Iterator[None]:
+    """A run's trace context (lib.insert.trace_context, taken in its span)
+    current again, so that what is enqueued now stores it: a follow-up,
+    written after the run's span has ended, links to that run. Nothing to
+    do when it stored none."""
+    token = None
+    if stored is not None:
+        from opentelemetry import context, propagate
+
+        try:
+            token = context.attach(propagate.extract(json.loads(stored)))
+        except Exception as exc:
+            _tracing_failed(exc)
+    try:
+        yield
+    finally:
+        if token is not None:
+            context.detach(token)
 
 
 def _tracing_failed(exc: Exception) -> None:

@@ -40,8 +40,14 @@ def broken(job: PendingJob) -> str:
     raise ValueError(f"broken {job.args['n']}")
 
 
+def then(job: PendingJob) -> str:
+    # A follow-up: written with this run's outcome, after its span has ended.
+    job.then("traced", "traced.Fine", {"n": 1000 + job.args["n"]})
+    return "ok"
+
+
 def make_traced(db: DB) -> Queue:
-    return Queue("traced", {"traced.Fine": fine, "traced.Broken": broken}, poll_interval=0.3)
+    return Queue("traced", {"traced.Fine": fine, "traced.Broken": broken, "traced.Then": then}, poll_interval=0.3)
 
 
 def as_json(span) -> dict:  # type: ignore[no-untyped-def]

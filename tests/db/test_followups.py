@@ -119,8 +119,8 @@ def test_an_outcome_sent_again_after_its_reply_was_lost_adds_no_second_copy(db):
     job.then("next", "next.Post")
     decided = replace(Outcome("ok"), followups=followup_jobs.to_write(job, "ok", None, None, db))
     params = poller.steps.outcome_params(job, decided, 0.0)
-    first = poller.steps._send_with_followups(job, params, decided.followups)
-    again = poller.steps._send_with_followups(job, params, decided.followups)
+    first = poller.steps._send_with_followups(job, params, decided)
+    again = poller.steps._send_with_followups(job, params, decided)
     assert (first.written, again.written) == (True, True)
     assert len(followups(db)) == 1
 

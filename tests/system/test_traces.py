@@ -86,6 +86,19 @@ def test_each_run_is_a_consumer_span_linked_to_the_request_that_enqueued_it(db, 
     assert db.query_row("SELECT trace FROM jobs WHERE id = %s", (web["untraced"],)) == (None,)
 
 
+def test_a_followup_stores_the_run_that_added_it_and_its_run_links_there(db, database_url, tmp_path):
+    web, spans = spans_of_a_run(db, database_url, tmp_path, ["traced.Then"])
+    parent = web["traced"][0]
+    (followup,) = db.query_row("SELECT id FROM jobs WHERE args = %s", ('{"n": 1000}',))
+    runs = {int(s["attributes"]["messaging.message.id"]): s for s in spans if s["kind"] == "CONSUMER"}
+    assert runs[parent]["links"] == [[web["trace_id"], web["span_id"]]]
+    # The follow-up's row holds the context of the run that added it, and its run links to that run.
+    (stored,) = db.query_row("SELECT trace FROM jobs WHERE id = %s", (followup,))
+    assert stored["traceparent"].startswith(f"00-{runs[parent]['trace_id']}-{runs[parent]['span_id']}-")
+    assert runs[followup]["links"] == [[runs[parent]["trace_id"], runs[parent]["span_id"]]]
+    assert runs[followup]["attributes"]["jobs.outcome"] == "ok"
+
+
 def test_without_opentelemetry_loaded_insert_and_the_worker_import_none_of_it(db, database_url):
     """A program that never loads OpenTelemetry (here it is installed, so
     this is what its absence would look like too) enqueues and runs with
