@@ -5,7 +5,8 @@ bring, for every side:
            transaction each, for --seconds (10), no worker running: jobs
            committed a second by all 16, beside the same 16 clients' one-row
            INSERT into a plain table (what the server allows), run right
-           after in the same database. Ours is bench/enqueue_concurrency.py's
+           after in the same database; for ours also the INSERT of the job
+           row alone (what the row and its indexes allow). Ours is bench/enqueue_concurrency.py's
            lib.insert run (bench/apps/sharing_enqueue.py, BEGIN; lib.insert;
            COMMIT); each peer its own enqueue call (bench/apps/compare_*.py
            burst), every process starting once all 16 are ready.
@@ -52,6 +53,10 @@ class Burst:
     jobs_per_s: float = 0.0
     plain_per_s: float = 0.0  # the same clients' one-row INSERT into a plain table
     of_plain: float | None = None  # jobs_per_s over plain_per_s
+    # Ours: the same clients' INSERT of a job row alone (jobs_insert's own
+    # INSERT, prepared, no function, no trigger): what the row and its
+    # indexes allow, before lib.insert's call.
+    row_alone_per_s: float | None = None
     ready_seconds: float | None = None  # a peer's: from the first spawn to the last process ready
 
 
@@ -63,6 +68,7 @@ def measure_burst(side: Side, server: Server, clients: int, seconds: float) -> B
         side.install(scratch.url)
         if side.name == "ours":
             result.jobs = enqueue_concurrency.one_run(scratch.url, "lib", clients, 1, seconds)["jobs"]
+            result.row_alone_per_s = enqueue_concurrency.one_run(scratch.url, "plain", clients, 1, seconds)["per_s"]
         else:
             result.jobs, result.ready_seconds = peer_burst(side, scratch.url, clients, seconds)
         result.plain_per_s = plain_rate(scratch.url, clients, seconds)
@@ -189,6 +195,14 @@ def print_notes(result: dict[str, Any], names: list[str], make_side: Callable[[s
             f"  {CLIENTS} enqueuers, the same {CLIENTS} clients' one-row INSERT into a plain table right after"
             " (rows/s): " + ", ".join(f"{n} {b['plain_per_s']:,.0f}" for n, b in bursts.items())
         )
+    for name, burst in bursts.items():
+        if burst.get("row_alone_per_s") and burst["plain_per_s"]:
+            alone = burst["row_alone_per_s"]
+            print(
+                f"  {CLIENTS} enqueuers, {name}: the job row alone (its INSERT prepared, no function, no trigger):"
+                f" {alone:,.0f} rows/s, {alone / burst['plain_per_s']:.2f} of the plain table's;"
+                f" the enqueue {burst['jobs_per_s'] / alone:.2f} of it"
+            )
     horizons = {n: found["horizon"] for n, found in sides.items() if found.get("horizon")}
     for name, found in horizons.items():
         each = ", ".join("-" if r is None else f"{r:.2f}" for r in found["ratios"])
