@@ -19,13 +19,15 @@ share of the batch's. A worker sends one batch at a time (a queue's claims
 take its turn), so the last row bounds one queue's jobs a second whatever
 the worker's own speed.
 
-Two reference rows take their turns with them, on the same server and
+Reference rows take their turns with them, on the same server and
 connection kind: a one-row UPDATE of a table of its own and its commit (what
 pgbench commits; the serial step's server CPU is read against it), and the
 two row writes of a serial step alone (job n's outcome and job n+1's claim as
 two plain UPDATEs by id, in one transaction and one round trip: no read of
 the queue's order, no rule), what the table's rows and indexes cost a step
-before any of its reads.
+before any of its reads: on jobs, on a copy of its columns with only the
+three indexes partial on status that a claim, a rescue and a dedupe need,
+and on a copy with its primary key alone, where both writes are HOT.
 
 bench/compare.py runs the jobs_step_one loop and the 256-slot one too, next
 to the worker's serial and one-queue runs: what the statement alone allows,
@@ -61,6 +63,8 @@ PATHS: dict[str, tuple[Callable[[list[Ask]], tuple[str, dict[str, Any]]], int, i
 # The references: the server's own one-row commit, and a step's two row writes alone.
 ONE_ROW = "one-row UPDATE and its commit (reference)"
 WRITES = "the serial step's two row writes alone (reference)"
+DESIGN_WRITES = "the two writes, the design's 3 indexes only (ref.)"
+HOT_WRITES = "the two writes, HOT: primary key only (reference)"
 MIN_CPU_SECONDS = 0.1
 WARMUP = 200  # untimed jobs first (ten calls at least): the statements are prepared and planned
 
@@ -111,29 +115,38 @@ class Writes(Timed):
     """A serial step's row writes and nothing else: job n's outcome (ok) and
     job n+1's claim, the columns the step sets, as two plain UPDATEs by id in
     one transaction, sent in one round trip. By id alone: a status in the
-    WHERE lets a generic plan read a partial index of that status whole."""
+    WHERE lets a generic plan read a partial index of that status whole.
 
-    CLAIM = """PREPARE bench_claim(bigint) AS UPDATE jobs SET status = 'started', started_at = now(),
+    On jobs itself, or (a subclass's TABLE) on a copy of its columns with
+    fewer indexes: what the same two writes cost with only those."""
+
+    TABLE = "jobs"
+    CLAIM = """PREPARE bench_claim(bigint) AS UPDATE {table} SET status = 'started', started_at = now(),
       finished_at = NULL, attempts = attempts + 1, worker_id = 'bench', slot = 0,
       lease_until = clock_timestamp() + interval '300 s', claim_seq = nextval('jobs_claim_seq'), claim_slot = 0,
       claim_run_at = run_at, claim_snapshot = pg_current_snapshot()
     WHERE id = $1"""
-    OUTCOME = """PREPARE bench_outcome(bigint) AS UPDATE jobs SET status = 'ok', finished_at = now(),
+    OUTCOME = """PREPARE bench_outcome(bigint) AS UPDATE {table} SET status = 'ok', finished_at = now(),
       lease_until = NULL, slot = NULL
     WHERE id = $1"""
 
     def __init__(self, url: str, jobs: int) -> None:
         self.connect(url)
+        self.create()
         self.cur.execute(
-            "INSERT INTO jobs (queue, name, args) SELECT 'bench_writes', 'bench.Noop', '{}'"
+            f"INSERT INTO {self.TABLE} (queue, name, args, dedupe) SELECT 'bench_writes', 'bench.Noop', '{{}}', false"
             " FROM generate_series(1, %s) RETURNING id",
             (jobs + 1,),
         )
         self.ids = iter(sorted(row[0] for row in self.cur.fetchall()))
-        self.cur.execute(self.CLAIM)
-        self.cur.execute(self.OUTCOME)
+        self.cur.execute(f"VACUUM ANALYZE {self.TABLE}")
+        self.cur.execute(self.CLAIM.format(table=self.TABLE))
+        self.cur.execute(self.OUTCOME.format(table=self.TABLE))
         self.held = next(self.ids)
         self.cur.execute("EXECUTE bench_claim(%s)", (self.held,))
+
+    def create(self) -> None:
+        """jobs is there already."""
 
     def step(self) -> None:
         following = next(self.ids)
@@ -141,7 +154,42 @@ class Writes(Timed):
         self.held = following
 
 
-REFERENCES: dict[str, Callable[[str, int], Timed]] = {ONE_ROW: OneRow, WRITES: Writes}
+class DesignWrites(Writes):
+    """The same writes on a copy of jobs's columns with only the three
+    indexes a queue whose rows hold their status cannot do without: the
+    claim's, the rescue's and the dedupe's, each partial on status, so that
+    neither write is a HOT update."""
+
+    TABLE = "bench_design"
+
+    def create(self) -> None:
+        self.cur.execute(f"CREATE TABLE {self.TABLE} (LIKE jobs INCLUDING DEFAULTS)")
+        self.cur.execute(f"ALTER TABLE {self.TABLE} ADD PRIMARY KEY (id)")
+        self.cur.execute(f"CREATE INDEX ON {self.TABLE} (queue, (-priority), run_at, id) WHERE status = 'pending'")
+        self.cur.execute(f"CREATE INDEX ON {self.TABLE} (queue, slot) WHERE status = 'started'")
+        self.cur.execute(
+            f"CREATE UNIQUE INDEX ON {self.TABLE} (queue, name, md5(args::text))"
+            " WHERE dedupe AND status IN ('pending', 'started')"
+        )
+
+
+class HotWrites(Writes):
+    """The same writes on a copy of jobs's columns with its primary key
+    alone, and room on each page: HOT updates, which write no index entry."""
+
+    TABLE = "bench_hot"
+
+    def create(self) -> None:
+        self.cur.execute(f"CREATE TABLE {self.TABLE} (LIKE jobs INCLUDING DEFAULTS) WITH (fillfactor = 50)")
+        self.cur.execute(f"ALTER TABLE {self.TABLE} ADD PRIMARY KEY (id)")
+
+
+REFERENCES: dict[str, Callable[[str, int], Timed]] = {
+    ONE_ROW: OneRow,
+    WRITES: Writes,
+    DESIGN_WRITES: DesignWrites,
+    HOT_WRITES: HotWrites,
+}
 
 
 class Stepper(Timed):
@@ -248,12 +296,12 @@ def print_table(result: dict[str, Any]) -> None:
         cpu = "n/a" if found["server_cpu_ms"] is None else f"{found['server_cpu_ms']:.3f} ms"
         print(f"{label:52} {found['steps_per_s']:9,.0f} {found['steps_per_s'] / rate:15.2f} {cpu:>16}")
     cpu_ms = {label: found["server_cpu_ms"] for label, found in result["paths"].items()}
-    if cpu_ms.get(ONE_ROW) and cpu_ms.get("jobs_step_one") and cpu_ms.get(WRITES):
-        print(
-            f"\nserver CPU over the one-row UPDATE's: the serial step (jobs_step_one)"
-            f" {cpu_ms['jobs_step_one'] / cpu_ms[ONE_ROW]:.2f}x, its two row writes alone"
-            f" {cpu_ms[WRITES] / cpu_ms[ONE_ROW]:.2f}x"
-        )
+    reference = cpu_ms.get(ONE_ROW)
+    shown = [label for label in ("jobs_step_one", WRITES, DESIGN_WRITES, HOT_WRITES) if cpu_ms.get(label)]
+    if reference and shown:
+        print("\nserver CPU over the one-row UPDATE's:")
+        for label in shown:
+            print(f"  {label:52} {cpu_ms[label] / reference:5.2f}x")
 
 
 def main(argv: list[str] | None = None) -> int:
