@@ -2,10 +2,11 @@
 once every job one waits for has ended, it is due (or, when one ended other
 than ok, it ends as a skip naming it). The end of a job others wait for
 notifies every worker (jobs_waits); each looks at once, and the releases of
-two workers pass over each other's waiters. A worker also looks when it
-starts and when its LISTEN connection comes back, for an end it did not
-hear; it sends nothing while no wait ends, so an idle worker costs the
-database nothing here.
+two workers pass over each other's waiters. A worker also looks each time
+its LISTEN connection comes up, at start and after a loss, for an end it
+did not hear (once it listens, so that no end falls between); with no LISTEN
+connection, at start and every `every` seconds. It sends nothing while no
+wait ends, so an idle worker costs the database nothing here.
 
 A failed look (a row another transaction holds past the lock timeout, the
 database away) is tried again with backoff; an outage is the worker's one
@@ -40,7 +41,11 @@ class Waits:
         self.every = every
         self.outage = outage or Outage("release waiting jobs")
         self._asked = Event()
-        self._asked.set()  # the first look comes at start
+        if every is not None:
+            # No listener to say when it listens: the first look comes at start.
+            # Else the listener's start asks for it, and the look takes no pool
+            # connection beside the pollers' first claims.
+            self._asked.set()
         self.held = 0  # waiters the last look passed over, their rows held elsewhere
 
     def wake(self) -> None:
