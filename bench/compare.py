@@ -493,9 +493,13 @@ def version(side: Side) -> str:
 
 
 def peer_versions(python: str) -> dict[str, str] | None:
-    """The peers' versions as python has them installed; None when one is missing."""
+    """The peers' versions as python has them installed; None when one is
+    missing, or python itself (a virtualenv not built yet)."""
     script = f"import importlib.metadata as m, json\nprint(json.dumps({{n: m.version(n) for n in {PEERS!r}}}))"
-    done = subprocess.run([python, "-c", script], capture_output=True, text=True)
+    try:
+        done = subprocess.run([python, "-c", script], capture_output=True, text=True)
+    except OSError:
+        return None
     return json.loads(done.stdout) if done.returncode == 0 else None
 
 
