@@ -43,8 +43,9 @@ class Waits:
         self._asked = Event()
         if every is not None:
             # No listener to say when it listens: the first look comes at start.
-            # Else the listener's start asks for it, and the look takes no pool
-            # connection beside the pollers' first claims.
+            # Else the listener asks for it once it listens (worker.py's
+            # wake_all), so that no end falls between; a look at once would
+            # also open a connection beside the pollers' first claims.
             self._asked.set()
         self.held = 0  # waiters the last look passed over, their rows held elsewhere
 
