@@ -27,6 +27,7 @@ import gevent.monkey
 import psycopg2
 from gevent.event import Event
 
+from lib.greenlets.thread_stop import ThreadStop
 from lib.job import status as st
 from lib.setup import counters
 from lib.setup.error_reports import Outage, capture
@@ -46,8 +47,7 @@ LEASE_SECONDS = 30.0
 # this process: its handler's time to stop and have its outcome written.
 CANCEL_GRACE = 2.0
 
-# Native sleep: the renewal thread must not touch the hub it stands in for.
-_thread_sleep = gevent.monkey.get_original("time", "sleep")
+# A native thread: the renewal must not touch the hub it stands in for.
 _start_thread = gevent.monkey.get_original("_thread", "start_new_thread")
 
 
@@ -305,7 +305,7 @@ class Leases:
         renews them, and this greenlet fences a job whose lease it could not
         renew in time. The fence waits on nothing: no database call, no lock,
         no link stands between it and a handler that must stop."""
-        thread_stop: list[bool] = []
+        thread_stop = ThreadStop()
         _start_thread(_Renewal(self).run, (thread_stop,))
         try:
             while not stop.is_set():
@@ -315,7 +315,7 @@ class Leases:
                 # Often enough that a fence comes before the lease lapses.
                 stop.wait(min(self.margin / 2, self.lease / 3))
         finally:
-            thread_stop.append(True)
+            thread_stop.set()
 
     def run_rescue(self, stop: Event) -> None:
         """Rescue until stop is set, every rescue_period. The first rescue, at
@@ -348,11 +348,11 @@ class _Renewal:
     def __init__(self, leases: Leases) -> None:
         self.leases = leases
 
-    def run(self, thread_stop: list[bool]) -> None:
+    def run(self, stop: ThreadStop) -> None:
         leases = self.leases
         conn = None
         period = leases.lease / 3
-        while not thread_stop:
+        while not stop.is_set():
             began = time.monotonic()
             try:
                 # Connected the first time a job is held: an idle worker holds no connection for it.
@@ -369,7 +369,7 @@ class _Renewal:
                 if conn is not None:
                     conn.close()
                 conn = None
-            _thread_sleep(max(0.0, period - (time.monotonic() - began)))
+            stop.wait(period - (time.monotonic() - began))
         if conn is not None:
             conn.close()
 
