@@ -1,12 +1,15 @@
 """A worker process of one queue, "sc", of definition concurrency 4 and jobs
 of 50 ms, for tests/system/test_scale_processes.py; its arguments are the
-command line's (no arguments: run the worker; `scale sc 4`: the command)."""
+command line's (no arguments: run the worker; `scale sc 4`: the command).
+Each job's handler appends its start and end (time.time()) to RUNS_FILE."""
 
 from gevent import monkey
 
 monkey.patch_all()
 
+import os  # noqa: E402
 import sys  # noqa: E402
+import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -23,7 +26,10 @@ JOB_SECONDS = 0.05
 
 
 def _work(job: PendingJob) -> str:
+    began = time.time()
     gevent.sleep(JOB_SECONDS)
+    with open(os.environ["RUNS_FILE"], "a") as out:
+        out.write(f"{began} {time.time()}\n")
     return status.ok()
 
 
