@@ -190,11 +190,17 @@ def test_a_waiter_whose_row_another_transaction_holds_keeps_no_other_waiting(db,
     assert db.query_row("SELECT run_at < now() FROM jobs WHERE id = %s", (held_one,)) == (True,)
 
 
-def test_a_starting_worker_releases_the_waiters_of_jobs_that_ended_while_none_listened(db):
+def ended_with_a_waiter(db) -> int:
+    """A waiter whose one job was ended by hand, with no worker running: its
+    notification reached nobody."""
     dep = insert(db, "dep", "dep.N")
     waiter = insert(db, "sink", "sink.N", after=[dep])
-    # Ended by hand with no worker running: its notification reached nobody.
     db.exec("UPDATE jobs SET status = 'ok', finished_at = now() WHERE id = %s", (dep,))
+    return waiter
+
+
+def test_a_starting_worker_releases_the_waiters_of_jobs_that_ended_while_none_listened(db):
+    waiter = ended_with_a_waiter(db)
     registry = [lambda db: Queue("sink", {"sink.N": lambda job: "ok"})]
     began = time.monotonic()
     with running_worker(db, registry):
@@ -204,19 +210,13 @@ def test_a_starting_worker_releases_the_waiters_of_jobs_that_ended_while_none_li
 
 
 def test_with_a_listener_the_first_look_waits_for_it_and_without_one_comes_at_start(db):
-    def ended_with_a_waiter() -> int:
-        dep = insert(db, "dep", "dep.N")
-        waiter = insert(db, "sink", "sink.N", after=[dep])
-        db.exec("UPDATE jobs SET status = 'ok', finished_at = now() WHERE id = %s", (dep,))
-        return waiter
-
     def due(job_id: int) -> bool:
         return db.query_row("SELECT run_at < now() FROM jobs WHERE id = %s", (job_id,))[0]
 
     stop = Event()
     # With a listener (every=None), its LISTEN coming up asks for the first
     # look (Listener's wake_all): no look before it, beside the pollers' first claims.
-    heard, waiter = Waits(db), ended_with_a_waiter()
+    heard, waiter = Waits(db), ended_with_a_waiter(db)
     run = gevent.spawn(heard.run, stop)
     try:
         gevent.sleep(0.5)
@@ -227,7 +227,7 @@ def test_with_a_listener_the_first_look_waits_for_it_and_without_one_comes_at_st
         stop.set()
         run.join(timeout=5)
     # Without one, nobody will ask: the first look comes at start.
-    stop, polled, waiter = Event(), Waits(db, every=60.0), ended_with_a_waiter()
+    stop, polled, waiter = Event(), Waits(db, every=60.0), ended_with_a_waiter(db)
     run = gevent.spawn(polled.run, stop)
     try:
         wait_for(lambda: due(waiter), 5, what="the look at start without a listener")
